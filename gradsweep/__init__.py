@@ -1,0 +1,1 @@
+"""gradsweep: batch-invariant LLM kernels and the sweep that proves it."""

@@ -1,0 +1,59 @@
+"""Comparisons: bitwise (raw bits, NaN-aware) for invariance, normwise error for accuracy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64, 1: torch.int8}
+
+
+@dataclass(frozen=True)
+class BitwiseDiff:
+    """Raw-bit comparison of two tensors of the same dtype and shape."""
+
+    equal: bool
+    mismatched: int
+    max_abs: float
+    max_rel: float
+
+
+def raw_bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as integers (floats are never compared by value)."""
+    if not t.is_floating_point():
+        return t
+    return t.contiguous().view(_INT_VIEW[t.element_size()])
+
+
+def bitwise_compare(a: torch.Tensor, b: torch.Tensor) -> BitwiseDiff:
+    """Equal iff every element has identical bits, or both are NaN (any payload)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return BitwiseDiff(False, max(a.numel(), b.numel()), float("inf"), float("inf"))
+    a, b = a.detach().cpu(), b.detach().cpu()
+    differ = raw_bits(a) != raw_bits(b)
+    if a.is_floating_point():
+        differ &= ~(torch.isnan(a) & torch.isnan(b))
+    n = int(differ.sum())
+    if n == 0:
+        return BitwiseDiff(True, 0, 0.0, 0.0)
+    ad, bd = a.double(), b.double()
+    diff = (ad - bd).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    rel = diff / bd.abs().clamp(min=torch.finfo(torch.float64).tiny)
+    return BitwiseDiff(False, n, float(diff.max()), float(rel.max()))
+
+
+def normwise_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
+    """||c - r||_2 / ||r||_2 in float64 (inf when the candidate has a NaN/inf the reference lacks)."""
+    c = candidate.detach().double().cpu()
+    r = reference.detach().double().cpu()
+    if c.shape != r.shape:
+        return float("inf")
+    if not torch.isfinite(c).all():
+        return float("inf")
+    denom = float(torch.linalg.vector_norm(r))
+    num = float(torch.linalg.vector_norm(c - r))
+    if denom == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / denom

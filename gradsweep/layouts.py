@@ -1,0 +1,159 @@
+"""Physical layouts: how the logical samples reach an operator, as a sequence of calls.
+
+A call carries the logical identity of each physical row (the restore map) and the segments of
+samples it holds; all comparison happens after restoring rows to logical identity.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gradsweep.canonical import RowIdentity
+
+LAYOUT_NAMES: tuple[str, ...] = (
+    "bn_full", "bn_chunked", "b1_singleton", "bn_padded_right", "bn_padded_left",
+    "bn_permuted", "bn_mask_density", "decode",
+)
+REFERENCE_LAYOUT = "bn_full"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A contiguous run of one sample's tokens inside a call (sample -1: a loss-masked filler)."""
+
+    sample: int
+    start: int
+    length: int
+    row_offset: int
+
+
+@dataclass(frozen=True)
+class Call:
+    """One invocation of the operator.
+
+    ``rows`` is flattened physical order; when ``padded`` is (B, L) the rows are a [B, L] batch
+    and segment b occupies batch row b.
+    """
+
+    rows: RowIdentity
+    segments: tuple[Segment, ...]
+    padded: tuple[int, int] | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows.num_rows
+
+
+def _packed_call(pieces: Sequence[tuple[int, int, int]]) -> Call:
+    """pieces: (sample, start, length) packed one after another."""
+    segs, offset = [], 0
+    for sample, start, length in pieces:
+        segs.append(Segment(sample, start, length, offset))
+        offset += length
+    sample = torch.cat([torch.full((n,), s if s >= 0 else -1, dtype=torch.int64) for s, _, n in pieces])
+    position = torch.cat([torch.arange(p, p + n, dtype=torch.int64) for _, p, n in pieces])
+    return Call(RowIdentity(sample, position), tuple(segs))
+
+
+def _padded_call(pieces: Sequence[tuple[int, int, int]], left: bool) -> Call:
+    width = max(n for _, _, n in pieces)
+    sample = torch.full((len(pieces), width), -1, dtype=torch.int64)
+    position = torch.zeros((len(pieces), width), dtype=torch.int64)
+    segs = []
+    for b, (s, p, n) in enumerate(pieces):
+        col = width - n if left else 0
+        sample[b, col:col + n] = s
+        position[b, col:col + n] = torch.arange(p, p + n)
+        segs.append(Segment(s, p, n, b * width + col))
+    return Call(RowIdentity(sample.flatten(), position.flatten()), tuple(segs), (len(pieces), width))
+
+
+def as_padded(call: Call) -> Call:
+    """The same segments as a right-padded batch (for ops whose input is inherently padded)."""
+    if call.padded is not None:
+        return call
+    return _padded_call([(s.sample, s.start, s.length) for s in call.segments], left=False)
+
+
+def default_chunks(lengths: Sequence[int], seed: int) -> list[list[int]]:
+    """Irregular chunk sizes per sample (seeded): several chunks where the sample allows."""
+    rng = random.Random(seed * 7919 + 17)
+    out = []
+    for n in lengths:
+        sizes, left = [], n
+        while left > 0:
+            take = min(left, rng.randint(1, max(1, (n + 2) // 3)))
+            sizes.append(take)
+            left -= take
+        out.append(sizes)
+    return out
+
+
+def default_order(n: int, seed: int) -> list[int]:
+    """A seeded permutation of the samples that is never the identity (for n > 1)."""
+    order = list(range(n))
+    rng = random.Random(seed * 104729 + 3)
+    while n > 1 and order == sorted(order):
+        rng.shuffle(order)
+    return order
+
+
+def validate_layout(name: str, spec, lengths: Sequence[int]) -> None:
+    """Refuse layout parameters that cannot describe these samples (messages name the fix)."""
+    if spec.chunks is not None:
+        if name != "bn_chunked":
+            raise ValueError(f"layouts.{name}.chunks: only bn_chunked takes chunk sizes")
+        if len(spec.chunks) != len(lengths):
+            raise ValueError(f"layouts.bn_chunked.chunks: {len(spec.chunks)} chunk lists for "
+                             f"{len(lengths)} samples; give one list per sample")
+        for i, (sizes, n) in enumerate(zip(spec.chunks, lengths)):
+            if sum(sizes) != n:
+                raise ValueError(f"layouts.bn_chunked.chunks[{i}]: chunk sizes {sizes} sum to {sum(sizes)}, "
+                                 f"but sample {i} has length {n}; make them sum to {n}")
+    if spec.order is not None:
+        if name != "bn_permuted":
+            raise ValueError(f"layouts.{name}.order: only bn_permuted takes an order")
+        if sorted(spec.order) != list(range(len(lengths))):
+            raise ValueError(f"layouts.bn_permuted.order: {spec.order} is not a permutation of "
+                             f"0..{len(lengths) - 1}")
+    if spec.filler_lengths is not None and name != "bn_mask_density":
+        raise ValueError(f"layouts.{name}.filler_lengths: only bn_mask_density takes filler samples")
+
+
+def build_calls(name: str, spec, lengths: Sequence[int], seed: int) -> list[Call]:
+    """The calls of one layout, in the order they are made."""
+    n = len(lengths)
+    whole = [(s, 0, lengths[s]) for s in range(n)]
+    if name == "bn_full":
+        return [_packed_call(whole)]
+    if name == "b1_singleton":
+        return [_packed_call([piece]) for piece in whole]
+    if name == "bn_padded_right":
+        return [_padded_call(whole, left=False)]
+    if name == "bn_padded_left":
+        return [_padded_call(whole, left=True)]
+    if name == "bn_permuted":
+        order = spec.order if spec is not None and spec.order is not None else default_order(n, seed)
+        return [_packed_call([whole[s] for s in order])]
+    if name == "bn_mask_density":
+        fillers = (spec.filler_lengths if spec is not None and spec.filler_lengths else [3, 11, 7])
+        pieces: list[tuple[int, int, int]] = []
+        for s in range(n):
+            pieces.append(whole[s])
+            pieces.append((-1, 0, fillers[s % len(fillers)]))
+        return [_packed_call(pieces)]
+    if name == "bn_chunked":
+        chunks = spec.chunks if spec is not None and spec.chunks is not None else default_chunks(lengths, seed)
+        starts = [[sum(c[:i]) for i in range(len(c))] for c in chunks]
+        calls = []
+        for k in range(max(len(c) for c in chunks)):
+            pieces = [(s, starts[s][k], chunks[s][k]) for s in range(n) if k < len(chunks[s])]
+            calls.append(_packed_call(pieces))
+        return calls
+    if name == "decode":
+        return [_packed_call([(s, p, 1) for s in range(n) if p < lengths[s]]) for p in range(max(lengths))]
+    raise ValueError(f"unknown layout {name!r}; allowed: {', '.join(LAYOUT_NAMES)}")

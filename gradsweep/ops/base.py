@@ -1,0 +1,157 @@
+"""How an op is declared as data (OpInfo style): inputs, parameters, outputs, reference, candidates.
+
+The harness drives every op through these declarations alone; it never special-cases an op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import import_module
+from types import ModuleType
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel
+
+from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.layouts import LAYOUT_NAMES, Call
+
+Shape = dict[str, Any]
+Family = Literal["torch", "triton", "cuda"]
+ROW_LAYOUTS: tuple[str, ...] = LAYOUT_NAMES
+
+
+@dataclass(frozen=True)
+class TokenInput:
+    """A per-token input; ``feature(shape)`` is its per-row shape; ``grad`` names its gradient."""
+
+    name: str
+    feature: Callable[[Shape], tuple[int, ...]]
+    grad: str | None = None
+    scale: float = 1.0
+    index_high: Callable[[Shape], int] | None = None  # integer inputs (token ids, targets)
+
+    @property
+    def is_index(self) -> bool:
+        return self.index_high is not None
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A parameter shared by every token; drawn from (seed, name): value = offset + scale * u."""
+
+    name: str
+    shape: Callable[[Shape], tuple[int, ...]]
+    grad: str
+    scale: Callable[[Shape], float] = lambda s: 1.0
+    offset: float = 0.0
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """A per-token output (its upstream gradient is drawn from logical identity)."""
+
+    name: str
+    feature: Callable[[Shape], tuple[int, ...]]
+
+
+@dataclass
+class CallContext:
+    """What a candidate sees for one call: physical rows, parameters, folds, cross-call state."""
+
+    call: Call
+    inputs: dict[str, torch.Tensor]
+    params: dict[str, torch.Tensor]
+    folds: dict[str, CanonicalFold]
+    state: dict[str, Any]
+    shape: Shape
+    lengths: tuple[int, ...]
+
+    @property
+    def rows(self) -> RowIdentity:
+        return self.call.rows
+
+    def fold(self, param: str) -> CanonicalFold | None:
+        return self.folds.get(param)
+
+
+@dataclass
+class CallOutput:
+    """A candidate's outputs; ``rows`` is their identity when it differs from the call's rows."""
+
+    tensors: dict[str, torch.Tensor]
+    rows: RowIdentity | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One implementation of an op, belonging to one backend family.
+
+    ``param_grads='fold'``: the kernel folds parameter gradients into FP32 main-grad buffers by the
+    canonical protocol (``fold_tiles()`` gives each parameter's tile); ``'autograd'``: they land
+    in ``param.grad`` as stock torch does.
+    """
+
+    impl_id: str
+    family: Family
+    run: Callable[[CallContext], CallOutput]
+    param_grads: Literal["autograd", "fold"] = "autograd"
+    fold_tiles: Callable[[], dict[str, int]] = field(default=lambda: {})
+    requires: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An op as data."""
+
+    name: str
+    description: str
+    shape_model: type[BaseModel]
+    inputs: tuple[TokenInput, ...]
+    params: tuple[ParamSpec, ...]
+    outputs: tuple[OutputSpec, ...]
+    reference: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor], Shape, RowIdentity],
+                        dict[str, torch.Tensor]]
+    candidates: dict[str, Candidate]
+    layouts: tuple[str, ...] = ROW_LAYOUTS
+    differentiable: bool = True
+    padded_input: bool = False
+    backward_scope: Literal["call", "layout"] = "call"
+
+    def gradient_names(self) -> list[str]:
+        return [i.grad for i in self.inputs if i.grad] + [p.grad for p in self.params]
+
+
+def kernel_module(family: Family, name: str) -> ModuleType:
+    """Import a kernel module of a family lazily (inside the worker, after its env is set)."""
+    package = {"triton": "gradsweep.triton_kernels", "cuda": "gradsweep.cuda_kernels"}[family]
+    return import_module(f"{package}.{name}")
+
+
+def kernel_candidates(op: str, module: str, run: Callable[[ModuleType, CallContext], CallOutput],
+                      families: tuple[Family, ...] = ("triton", "cuda"),
+                      fold_params: tuple[str, ...] = ()) -> dict[str, Candidate]:
+    """The same adapter for each kernel family's module of an op (their APIs are identical)."""
+    out = {}
+    for fam in families:
+        def _run(ctx: CallContext, _fam: Family = fam) -> CallOutput:
+            return run(kernel_module(_fam, module), ctx)
+
+        def _tiles(_fam: Family = fam) -> dict[str, int]:
+            return {p: int(kernel_module(_fam, module).TILE) for p in fold_params}
+
+        out[f"{fam}.{op}"] = Candidate(f"{fam}.{op}", fam, _run,
+                                       param_grads="fold" if fold_params else "autograd",
+                                       fold_tiles=_tiles)
+    return out
+
+
+def torch_candidate(op: str, run: Callable[[CallContext], CallOutput]) -> dict[str, Candidate]:
+    """The stock-PyTorch candidate of an op (the status quo, allowed to be red)."""
+    return {f"torch.{op}": Candidate(f"torch.{op}", "torch", run)}
+
+
+def positions_on(ctx: CallContext, device: torch.device) -> torch.Tensor:
+    """Absolute positions of the call's rows, from logical identity (never the physical row index)."""
+    return ctx.rows.position.to(device)

@@ -1,0 +1,56 @@
+"""batch_invariant_logp: lm_head then selected-token logp, unfused (logits materialised).
+
+The chain a trainer runs today, on the family's invariant GEMM and logp kernels; gradients
+dhidden and dW.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, PositiveInt
+
+from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, ParamSpec, TokenInput
+from gradsweep.ops.base import Candidate, kernel_module, torch_candidate
+from gradsweep.ops.logp import selected_logp_reference, stock_selected_logp
+
+
+class LinearLogpShape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hidden: PositiveInt = 48
+    vocab: PositiveInt = 300
+
+
+def linear_logp_reference(inputs, params, shape, rows):
+    return {"logp": selected_logp_reference(inputs["hidden"] @ params["W"].T, inputs["targets"])}
+
+
+def stock_linear_logp(ctx: CallContext) -> CallOutput:
+    logits = F.linear(ctx.inputs["hidden"], ctx.params["W"])
+    return CallOutput({"logp": stock_selected_logp(logits, ctx.inputs["targets"])})
+
+
+INPUTS = (TokenInput("hidden", lambda s: (s["hidden"],), grad="dhidden"),
+          TokenInput("targets", lambda s: (), index_high=lambda s: s["vocab"]))
+PARAMS = (ParamSpec("W", lambda s: (s["vocab"], s["hidden"]), grad="dW", scale=lambda s: s["hidden"] ** -0.5),)
+OUTPUTS = (OutputSpec("logp", lambda s: ()),)
+
+
+def _triton_chain(ctx: CallContext) -> CallOutput:
+    gemm, logp = kernel_module("triton", "gemm"), kernel_module("triton", "logp")
+    logits = gemm.det_linear(ctx.inputs["hidden"], ctx.params["W"], ctx.rows, ctx.fold("W"))
+    return CallOutput({"logp": logp.selected_logp(logits, ctx.inputs["targets"])})
+
+
+OP = OpSpec(
+    name="batch_invariant_logp",
+    description="lm_head GEMM then selected-token logp (logits materialised); gradients dhidden, dW",
+    shape_model=LinearLogpShape,
+    inputs=INPUTS,
+    params=PARAMS,
+    outputs=OUTPUTS,
+    reference=linear_logp_reference,
+    candidates={**torch_candidate("batch_invariant_logp", stock_linear_logp),
+                "triton.batch_invariant_logp": Candidate(
+                    "triton.batch_invariant_logp", "triton", _triton_chain, param_grads="fold",
+                    fold_tiles=lambda: {"W": int(kernel_module("triton", "gemm").TILE)})},
+)

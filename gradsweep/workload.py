@@ -1,0 +1,127 @@
+"""The logical workload (C2): every value is a pure function of (seed, stream, sample, position, element).
+
+Inputs and upstream gradients are hashed from logical identity with integer arithmetic that is
+exact on any device, so every layout, on CPU or GPU, sees the same numbers for the same token.
+The harness, never an op adapter, fixes the upstream gradient, the loss mask and the active-token
+denominator: they depend on logical identity only.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gradsweep.canonical import RowIdentity
+
+_MASK32 = 0xFFFFFFFF
+PAD_SAMPLE_KEY = 0x7FFF0000  # pads hash with this sample key and their physical row: garbage, never zero
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser on int64 tensors holding 32-bit values (low bits exact on any device)."""
+    h = h & _MASK32
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _MASK32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
+def stream_key(seed: int, stream: str) -> int:
+    """A 32-bit key for one named stream of values."""
+    return zlib.crc32(f"{seed}:{stream}".encode()) & _MASK32
+
+
+def hashed_uniform(key: int, sample: torch.Tensor, position: torch.Tensor, numel: int) -> torch.Tensor:
+    """float64 uniforms in [0, 1), shape [R, numel], from (key, sample, position, element)."""
+    device = sample.device
+    h = _mix32(torch.full_like(sample, key) ^ _mix32(sample + 0x9E3779B9))
+    h = _mix32(h ^ _mix32(position + 0x632BE5AB))
+    elems = torch.arange(numel, dtype=torch.int64, device=device)
+    h = _mix32(h[:, None] ^ _mix32(elems[None, :] * 0x27D4EB2F + 0x165667B1))
+    return h.to(torch.float64) / float(1 << 32)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Logical samples and the seed that defines every value in a sweep."""
+
+    seed: int
+    lengths: tuple[int, ...]
+    active_fraction: float = 0.85
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+    def logical_rows(self) -> RowIdentity:
+        """Every logical token once, in canonical (sample, position) order."""
+        return RowIdentity.packed(self.lengths)
+
+    def logical_index(self, rows: RowIdentity) -> torch.Tensor:
+        """Canonical token index of each row (-1 for pads and fillers)."""
+        starts = torch.tensor([0, *self.lengths], dtype=torch.int64).cumsum(0)[:-1]
+        s = rows.sample.cpu()
+        idx = torch.full_like(s, -1)
+        real = s >= 0
+        idx[real] = starts[s[real]] + rows.position.cpu()[real]
+        return idx
+
+    def _keys(self, rows: RowIdentity, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        s = rows.sample.to(device)
+        p = rows.position.to(device)
+        pad = s < 0
+        row = torch.arange(s.numel(), dtype=torch.int64, device=device)
+        # pads and fillers: distinct garbage per physical row, so they can never pass for a real token
+        return torch.where(pad, PAD_SAMPLE_KEY + (-s), s), torch.where(pad, row, p)
+
+    def values(self, stream: str, rows: RowIdentity, feature: Sequence[int], scale: float = 1.0,
+               device: torch.device | str = "cpu") -> torch.Tensor:
+        """float64 values of unit variance (times ``scale``), shape [R, *feature]."""
+        device = torch.device(device)
+        numel = 1
+        for f in feature:
+            numel *= int(f)
+        s, p = self._keys(rows, device)
+        u = hashed_uniform(stream_key(self.seed, stream), s, p, numel)
+        return ((u * 2.0 - 1.0) * (3.0 ** 0.5) * scale).reshape(rows.num_rows, *feature)
+
+    def indices(self, stream: str, rows: RowIdentity, high: int,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+        """int64 values in [0, high) per row (token ids, targets)."""
+        device = torch.device(device)
+        s, p = self._keys(rows, device)
+        u = hashed_uniform(stream_key(self.seed, stream), s, p, 1)[:, 0]
+        return (u * high).to(torch.int64).clamp_(max=high - 1)
+
+    def active_mask(self, rows: RowIdentity, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Loss mask per row: a pure function of logical identity; pads and fillers are inactive."""
+        device = torch.device(device)
+        s, p = self._keys(rows, device)
+        u = hashed_uniform(stream_key(self.seed, "active"), s, p, 1)[:, 0]
+        return (u < self.active_fraction) & (rows.sample.to(device) >= 0)
+
+    def active_denominator(self) -> int:
+        """Number of active logical tokens: the loss denominator, fixed across layouts."""
+        return int(self.active_mask(self.logical_rows()).sum().clamp(min=1))
+
+    def upstream(self, stream: str, rows: RowIdentity, feature: Sequence[int],
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+        """Upstream gradient rows: values x loss mask / active-token denominator (float64)."""
+        g = self.values(f"grad:{stream}", rows, feature, device=device)
+        mask = self.active_mask(rows, device).to(torch.float64)
+        return g * mask.view(-1, *([1] * len(feature))) / self.active_denominator()
+
+    def params(self, name: str, shape: Sequence[int], scale: float, dtype: torch.dtype,
+               device: torch.device | str) -> torch.Tensor:
+        """A parameter tensor from (seed, name): the same in every layout of a sweep."""
+        gen = torch.Generator(device="cpu").manual_seed(stream_key(self.seed, f"param:{name}"))
+        return ((torch.rand(tuple(shape), generator=gen, dtype=torch.float32) * 2 - 1) * (3 ** 0.5)
+                * scale).to(dtype=dtype).to(device)
