@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, PositiveInt
+from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, TokenInput, torch_candidate
 
@@ -17,6 +17,14 @@ class AttentionShape(BaseModel):
     model_config = ConfigDict(extra="forbid")
     heads: PositiveInt = 3
     head_dim: PositiveInt = 32
+    hidden: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _hidden_matches(self) -> AttentionShape:
+        if self.hidden is not None and self.hidden != self.heads * self.head_dim:
+            raise ValueError(f"hidden {self.hidden} != heads {self.heads} x head_dim {self.head_dim}; "
+                             "make head_dim = hidden / heads")
+        return self
 
 
 def _feature(s):

@@ -9,8 +9,17 @@ from __future__ import annotations
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, ParamSpec, TokenInput
-from gradsweep.ops.base import Candidate, kernel_module, torch_candidate
+from gradsweep.ops.base import (
+    CallContext,
+    CallOutput,
+    Candidate,
+    OpSpec,
+    OutputSpec,
+    ParamSpec,
+    TokenInput,
+    kernel_module,
+    torch_candidate,
+)
 from gradsweep.ops.logp import selected_logp_reference, stock_selected_logp
 
 

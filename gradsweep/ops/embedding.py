@@ -5,8 +5,16 @@ from __future__ import annotations
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, ParamSpec, TokenInput
-from gradsweep.ops.base import kernel_candidates, torch_candidate
+from gradsweep.ops.base import (
+    CallContext,
+    CallOutput,
+    OpSpec,
+    OutputSpec,
+    ParamSpec,
+    TokenInput,
+    kernel_candidates,
+    torch_candidate,
+)
 
 
 class EmbeddingShape(BaseModel):

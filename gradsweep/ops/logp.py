@@ -5,8 +5,15 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, TokenInput
-from gradsweep.ops.base import kernel_candidates, torch_candidate
+from gradsweep.ops.base import (
+    CallContext,
+    CallOutput,
+    OpSpec,
+    OutputSpec,
+    TokenInput,
+    kernel_candidates,
+    torch_candidate,
+)
 
 
 class LogpShape(BaseModel):

@@ -6,8 +6,15 @@ import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from gradsweep.canonical import RowIdentity
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, TokenInput
-from gradsweep.ops.base import kernel_candidates, torch_candidate
+from gradsweep.ops.base import (
+    CallContext,
+    CallOutput,
+    OpSpec,
+    OutputSpec,
+    TokenInput,
+    kernel_candidates,
+    torch_candidate,
+)
 
 
 class PackShape(BaseModel):

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, ParamSpec, TokenInput
-from gradsweep.ops.base import kernel_candidates, torch_candidate
+from gradsweep.ops.base import (
+    CallContext,
+    CallOutput,
+    OpSpec,
+    OutputSpec,
+    ParamSpec,
+    TokenInput,
+    kernel_candidates,
+    torch_candidate,
+)
 from gradsweep.ops.rms_norm import rms_reference
 
 
@@ -14,6 +22,14 @@ class QkNormShape(BaseModel):
     model_config = ConfigDict(extra="forbid")
     heads: PositiveInt = 3
     head_dim: PositiveInt = 32
+    hidden: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _hidden_matches(self) -> QkNormShape:
+        if self.hidden is not None and self.hidden != self.heads * self.head_dim:
+            raise ValueError(f"hidden {self.hidden} != heads {self.heads} x head_dim {self.head_dim}; "
+                             "make head_dim = hidden / heads")
+        return self
     eps: float = Field(1e-6, gt=0)
 
 

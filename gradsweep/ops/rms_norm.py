@@ -6,8 +6,16 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, ParamSpec, TokenInput
-from gradsweep.ops.base import kernel_candidates, torch_candidate
+from gradsweep.ops.base import (
+    CallContext,
+    CallOutput,
+    OpSpec,
+    OutputSpec,
+    ParamSpec,
+    TokenInput,
+    kernel_candidates,
+    torch_candidate,
+)
 
 
 class RmsNormShape(BaseModel):

@@ -5,8 +5,16 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, TokenInput
-from gradsweep.ops.base import kernel_candidates, positions_on, torch_candidate
+from gradsweep.ops.base import (
+    CallContext,
+    CallOutput,
+    OpSpec,
+    OutputSpec,
+    TokenInput,
+    kernel_candidates,
+    positions_on,
+    torch_candidate,
+)
 
 
 class RopeShape(BaseModel):

@@ -6,8 +6,14 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, TokenInput
-from gradsweep.ops.base import kernel_candidates, torch_candidate
+from gradsweep.ops.base import (
+    CallOutput,
+    OpSpec,
+    OutputSpec,
+    TokenInput,
+    kernel_candidates,
+    torch_candidate,
+)
 
 
 class SiluShape(BaseModel):

@@ -1,0 +1,136 @@
+"""Planted operators that the harness must catch (and one it must pass); registered as a plugin.
+
+Each is a real computation with a known defect, so tests can predict exactly which cells go red.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, PositiveInt
+
+from gradsweep.ops.base import CallContext, CallOutput, Candidate, OpSpec, OutputSpec, TokenInput
+from gradsweep.ops.registry import register
+
+SPLIT_THRESHOLD = 8  # planted_splitk: calls of at most this many rows take a different reduction order
+
+
+class PlantedShape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    features: PositiveInt = 256
+
+
+def _feature(s):
+    return (s["features"],)
+
+
+def coefficients(n: int, device, dtype=torch.float32) -> torch.Tensor:
+    """Fixed per-feature coefficients (not a parameter: the planted ops have only dx)."""
+    return torch.linspace(-1.5, 2.0, n, dtype=torch.float64, device=device).to(dtype)
+
+
+def sequential_sum(prod: torch.Tensor) -> torch.Tensor:
+    """Left-to-right fp32 sum along the last dim (torch's CPU cumsum accumulates in double)."""
+    acc = torch.zeros(prod.shape[0], dtype=prod.dtype, device=prod.device)
+    for j in range(prod.shape[1]):
+        acc = acc + prod[:, j]
+    return acc[:, None]
+
+
+def _rowsum_reference(inputs, params, shape, rows):
+    x = inputs["x"]
+    return {"y": (x * coefficients(x.shape[1], x.device, torch.float64)).sum(-1, keepdim=True)}
+
+
+class _SplitKRowSum(torch.autograd.Function):
+    """y = sum_j x_j w_j in fp32; a 4-way split-K whose presence depends on the number of rows."""
+
+    @staticmethod
+    def forward(ctx, x):
+        w = coefficients(x.shape[1], x.device)
+        ctx.save_for_backward(x, w)
+        prod = x.float() * w
+        if x.shape[0] <= SPLIT_THRESHOLD:
+            parts = prod.reshape(x.shape[0], 4, -1).sum(-1)
+            y = ((parts[:, 0] + parts[:, 1]) + (parts[:, 2] + parts[:, 3]))[:, None]
+        else:
+            y = sequential_sum(prod)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return (g * w).to(x.dtype)
+
+
+class _RandomOrderRowSum(torch.autograd.Function):
+    """y = sum_j x_j w_j, its fp32 terms added in a fresh random order each call (as atomics would)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        w = coefficients(x.shape[1], x.device)
+        ctx.save_for_backward(x, w)
+        prod = (x.float() * w)[:, torch.randperm(x.shape[1])]
+        return sequential_sum(prod)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return (g * w).to(x.dtype)
+
+
+def _honest(fn):
+    def run(ctx: CallContext) -> CallOutput:
+        return CallOutput({"y": fn.apply(ctx.inputs["x"])})
+    return run
+
+
+def _per_sample_cheat(ctx: CallContext) -> CallOutput:
+    """The classic harness failure, planted in an adapter: every call silently run as N x B=1."""
+    x = ctx.inputs["x"]
+    parts = []
+    for seg in ctx.call.segments:
+        rows = torch.arange(seg.row_offset, seg.row_offset + seg.length)
+        parts.append((rows, _SplitKRowSum.apply(x[rows])))
+    out = torch.zeros(x.shape[0], 1, dtype=torch.float32, device=x.device)
+    for rows, y in parts:
+        out = out.index_put((rows,), y)
+    return CallOutput({"y": out})
+
+
+def _layout_ignoring(ctx: CallContext) -> CallOutput:
+    """An adapter that ignores the layout: one output row per logical token, whatever rows it got."""
+    total = sum(ctx.lengths)
+    x = ctx.inputs["x"]
+    return CallOutput({"y": _SplitKRowSum.apply(x[:1]).expand(total, 1)})
+
+
+def _identity_only(ctx: CallContext) -> CallOutput:
+    """Depends on logical identity only: row-wise, fixed order; the harness must call it green."""
+    x = ctx.inputs["x"]
+    return CallOutput({"y": sequential_sum(x.float() * coefficients(x.shape[1], x.device))})
+
+
+def _no_backward(ctx: CallContext) -> CallOutput:
+    with torch.no_grad():
+        return _identity_only(ctx)
+
+
+CANDIDATES = {
+    "torch.splitk": Candidate("torch.splitk", "torch", _honest(_SplitKRowSum)),
+    "torch.random_order": Candidate("torch.random_order", "torch", _honest(_RandomOrderRowSum)),
+    "torch.per_sample_cheat": Candidate("torch.per_sample_cheat", "torch", _per_sample_cheat),
+    "torch.layout_ignoring": Candidate("torch.layout_ignoring", "torch", _layout_ignoring),
+    "torch.identity_only": Candidate("torch.identity_only", "torch", _identity_only),
+    "torch.no_backward": Candidate("torch.no_backward", "torch", _no_backward),
+}
+
+OP = register(OpSpec(
+    name="planted_rowsum",
+    description="row-wise dot product with a weight; planted variants of its implementation",
+    shape_model=PlantedShape,
+    inputs=(TokenInput("x", _feature, grad="dx"),),
+    params=(),
+    outputs=(OutputSpec("y", lambda s: (1,)),),
+    reference=_rowsum_reference,
+    candidates=CANDIDATES,
+))

@@ -1,0 +1,121 @@
+"""Bad manifests and contracts are refused with a message that names the field and the fix."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from gradsweep.contract import BitwiseRule, CheckKind, ContractError, RatioRule, load_contract
+from gradsweep.manifest import DEFAULT_MANIFEST, MANIFEST_DIR, ManifestError, load_manifest
+from gradsweep.ops.registry import BUILTIN_OPS, all_ops
+from tests.helpers import write_manifest
+
+BASE = yaml.safe_load(DEFAULT_MANIFEST.read_text())
+BASE["contract"] = str(MANIFEST_DIR / "contract.yaml")
+
+
+def _refused(tmp_path, mutate) -> str:
+    data = copy.deepcopy(BASE)
+    mutate(data)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(write_manifest(tmp_path, data))
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_default_manifest_loads_and_enumerates_every_op():
+    m = load_manifest(DEFAULT_MANIFEST)
+    assert set(m.ops) == set(BUILTIN_OPS) == set(all_ops())
+    assert len(m.cells()) == len({k.id for k in m.cells()})
+    for op in all_ops().values():
+        assert any(c.family == "torch" for c in op.candidates.values()), op.name
+        assert op.gradient_names(), op.name
+
+
+def test_unknown_op(tmp_path):
+    msg = _refused(tmp_path, lambda d: d["ops"].update({"softmaxx": {}}))
+    assert "unknown op 'softmaxx'" in msg and "rms_norm" in msg
+
+
+def test_unknown_layout(tmp_path):
+    msg = _refused(tmp_path, lambda d: d["layouts"].update({"bn_sideways": {}}))
+    assert "unknown layout 'bn_sideways'" in msg and "bn_chunked" in msg
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_non_positive_sample_length(tmp_path, value):
+    msg = _refused(tmp_path, lambda d: d["samples"].__setitem__("lengths", [4, value]))
+    assert "samples.lengths.1" in msg and "greater than 0" in msg
+
+
+def test_non_positive_shape(tmp_path):
+    msg = _refused(tmp_path, lambda d: d["ops"]["rms_norm"]["shape"].__setitem__("hidden", 0))
+    assert "ops.rms_norm.shape.hidden" in msg
+
+
+def test_head_dim_not_matching_heads(tmp_path):
+    msg = _refused(tmp_path, lambda d: d["ops"]["attention"].__setitem__(
+        "shape", {"heads": 3, "head_dim": 30, "hidden": 96}))
+    assert "ops.attention.shape" in msg and "head_dim" in msg
+
+
+def test_chunks_not_summing_to_sample_length(tmp_path):
+    msg = _refused(tmp_path, lambda d: d["layouts"]["bn_chunked"].__setitem__(
+        "chunks", [[20, 16], [2, 3], [1, 30, 33], [1], [10, 6, 7]]))
+    assert "bn_chunked.chunks[0]" in msg and "sum to 36" in msg and "37" in msg
+
+
+def test_unknown_key_is_refused(tmp_path):
+    msg = _refused(tmp_path, lambda d: d.__setitem__("colour", "red"))
+    assert "colour" in msg
+
+
+def test_profile_borrowing_another_family_is_refused(tmp_path):
+    msg = _refused(tmp_path, lambda d: d["profiles"]["triton_cuda_bf16"]["candidates"].__setitem__(
+        "rms_norm", {"impl": "torch.rms_norm"}))
+    assert "never borrows" in msg
+
+
+def test_malformed_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("manifest_version: 1\nops: [unclosed\n")
+    with pytest.raises(ManifestError, match="malformed YAML"):
+        load_manifest(path)
+
+
+def test_tolerance_on_an_invariance_check_is_refused(tmp_path):
+    data = yaml.safe_load((MANIFEST_DIR / "contract.yaml").read_text())
+    data["accuracy"]["rules"].append({"kind": "gradient_invariance", "op": "rms_norm", "k": 2.0, "floor": 1e-3})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ContractError, match="invariance"):
+        load_contract(path)
+    data = yaml.safe_load((MANIFEST_DIR / "contract.yaml").read_text())
+    data["invariance"] = {"rule": "atol=1e-6"}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ContractError, match="bitwise"):
+        load_contract(path)
+
+
+def test_contract_resolver():
+    c = load_contract(MANIFEST_DIR / "contract.yaml")
+    assert isinstance(c.resolve(CheckKind.GRADIENT_INVARIANCE, "rms_norm", "dweight", "float32", "x"), BitwiseRule)
+    default = c.resolve(CheckKind.FORWARD_ACCURACY, "silu", "y", "bfloat16", "triton_cuda_bf16")
+    assert isinstance(default, RatioRule) and default.k == 2.0
+    assert c.resolve(CheckKind.GRADIENT_ACCURACY, "pack", "dx", "bfloat16", "x").floor == 0.0
+    assert c.version
+
+
+def test_no_tolerance_outside_the_contract():
+    """No literal atol/rtol in the package: the contract file is the only place tolerances live."""
+    import pathlib
+
+    import gradsweep
+
+    root = pathlib.Path(gradsweep.__file__).parent
+    offenders = [str(p) for p in root.rglob("*.py")
+                 if any(w in p.read_text() for w in ("atol=", "rtol=", "allclose("))]
+    assert offenders == []
