@@ -143,7 +143,7 @@ class Manifest(BaseModel):
                 raise ValueError(f"ops: unknown op {op_name!r}; allowed: {', '.join(op_names())}")
             op = get_op(op_name)
             try:
-                entry.shape = op.shape_model.model_validate(entry.shape).model_dump()
+                entry.shape = op.shape_model.model_validate(entry.shape).model_dump(exclude_none=True)
             except ValidationError as exc:
                 err = exc.errors()[0]
                 loc = ".".join(str(p) for p in err["loc"])

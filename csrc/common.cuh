@@ -1,0 +1,122 @@
+// Shared device helpers of the gradsweep CUDA family.
+//
+// Why explicit __fmul_rn / __fadd_rn / __fmaf_rn everywhere: the same element can reach a kernel through
+// its 16-byte vector path or its scalar path (depending on pointer alignment, i.e. on the layout), and
+// batch invariance needs both paths to do the very same IEEE operations. The build also passes
+// -fmad=false so no compiler contraction can differ between two inlined copies of an expression.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace gs {
+
+using bf16 = __nv_bfloat16;
+
+// Return the CUDA error code of `expr` (as int) from the enclosing launcher if it failed.
+#define GS_TRY(expr)                                      \
+  do {                                                    \
+    cudaError_t gs_err_ = (expr);                         \
+    if (gs_err_ != cudaSuccess) return static_cast<int>(gs_err_); \
+  } while (0)
+
+// Makes `device` current for the launcher's scope and restores the previous device afterwards, so the
+// caller's (torch's) notion of the current device is left as it was.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    int cur = -1;
+    status_ = cudaGetDevice(&cur);
+    if (status_ == cudaSuccess && cur != device) {
+      status_ = cudaSetDevice(device);
+      if (status_ == cudaSuccess) prev_ = cur;
+    }
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) (void)cudaSetDevice(prev_);  // best effort on the way out; nothing to report to
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int prev_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// 8 bf16 values held as raw bits (4 registers), converted to fp32 on use.
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 t = __bfloat1622float2(h[k]);
+    f[2 * k] = t.x;
+    f[2 * k + 1] = t.y;
+  }
+}
+
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+  return u;
+}
+
+// Chunk v (elements 8v .. 8v+7) of a row of n elements; elements at or past n read as +0.0.
+// ALIGNED: the row start is 16-byte aligned and n % 8 == 0, so one 16-byte load does it.
+template <bool ALIGNED>
+__device__ __forceinline__ uint4 load_chunk(const bf16* __restrict__ row, int64_t v, int64_t n) {
+  if constexpr (ALIGNED) {
+    return __ldg(reinterpret_cast<const uint4*>(row) + v);
+  } else {
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);
+    unsigned short* s = reinterpret_cast<unsigned short*>(&u);
+    const unsigned short* src = reinterpret_cast<const unsigned short*>(row);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int64_t i = 8 * v + e;
+      if (i < n) s[e] = src[i];
+    }
+    return u;
+  }
+}
+
+template <bool ALIGNED>
+__device__ __forceinline__ void store_chunk(bf16* __restrict__ row, int64_t v, int64_t n, const uint4& u) {
+  if constexpr (ALIGNED) {
+    reinterpret_cast<uint4*>(row)[v] = u;
+  } else {
+    const unsigned short* s = reinterpret_cast<const unsigned short*>(&u);
+    unsigned short* dst = reinterpret_cast<unsigned short*>(row);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int64_t i = 8 * v + e;
+      if (i < n) dst[i] = s[e];
+    }
+  }
+}
+
+// Sum of one value per thread over the block, in an order fixed by blockDim.x alone (a multiple of 32):
+// xor butterfly inside each warp (every lane ends with the same bits, IEEE addition being commutative),
+// then the same butterfly over the per-warp sums. `smem` holds 32 floats; every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int nwarps = blockDim.x >> 5;
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float t = lane < nwarps ? smem[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, o));
+    if (lane == 0) smem[32] = t;
+  }
+  __syncthreads();
+  return smem[32];
+}
+
+}  // namespace gs

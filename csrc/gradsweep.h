@@ -1,0 +1,47 @@
+// Host-side launchers of the gradsweep CUDA family, shared by the .cu files and bindings.cpp.
+//
+// Why plain integers: the extension is not a torch extension (CPU-only torch on the build machines cannot
+// link CUDA), so tensors cross as raw device addresses (tensor.data_ptr()), sizes, the device index and
+// the CUDA stream handle (torch.cuda.current_stream().cuda_stream). Every launcher returns the
+// cudaError_t of its CUDA calls as an int (0 = success); bindings.cpp turns non-zero into RuntimeError.
+// This header includes no CUDA header, so bindings.cpp builds with the host compiler alone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace gs {
+
+// Largest hidden size of the row-wise RMSNorm kernels (4 chunks of 8 per thread, 1024 threads).
+constexpr int64_t kRmsMaxHidden = 32768;
+// Largest head_dim of RoPE (cos/sin table of head_dim/2 floats each in shared memory).
+constexpr int64_t kRopeMaxHeadDim = 8192;
+
+// runtime.cu
+int device_count(int* count);  // never throws: cudaGetDeviceCount's error code
+int device_info(int device, std::string* name, int* major, int* minor, int* sm_count);
+int runtime_version(int* version);
+int driver_version(int* version);
+std::string error_string(int code);  // "cudaErrorX (N): description"
+std::string build_arch_list();       // __CUDA_ARCH_LIST__ as compiled
+
+// rms_norm.cu
+int rms_norm_fwd(uintptr_t x, uintptr_t w, uintptr_t y, uintptr_t rstd, int64_t rows, int64_t hidden,
+                 float eps, int device, uintptr_t stream);
+int rms_norm_bwd_dx(uintptr_t dy, uintptr_t x, uintptr_t w, uintptr_t rstd, uintptr_t dx, int64_t rows,
+                    int64_t hidden, int device, uintptr_t stream);
+int rms_norm_dw_tiles(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
+                      uintptr_t rstd, uintptr_t partial, int64_t hidden, int device, uintptr_t stream);
+int fold_tiles(uintptr_t partial, int64_t n_tiles, uintptr_t main_grad, int64_t cols, int device,
+               uintptr_t stream);
+
+// pointwise.cu
+int silu_fwd(uintptr_t x, uintptr_t y, int64_t n, int device, uintptr_t stream);
+int silu_bwd(uintptr_t x, uintptr_t dy, uintptr_t dx, int64_t n, int device, uintptr_t stream);
+int swiglu_fwd(uintptr_t gate, uintptr_t up, uintptr_t y, int64_t n, int device, uintptr_t stream);
+int swiglu_bwd(uintptr_t gate, uintptr_t up, uintptr_t dy, uintptr_t dgate, uintptr_t dup, int64_t n,
+               int device, uintptr_t stream);
+int rope(uintptr_t x, uintptr_t positions, uintptr_t y, int64_t rows, int64_t heads, int64_t head_dim,
+         float theta, bool inverse, int device, uintptr_t stream);
+
+}  // namespace gs

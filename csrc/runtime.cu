@@ -1,0 +1,45 @@
+// Device discovery and error text, never throwing: the Python side decides what a failure means
+// (no driver, no device, unsupported SM) from the cudaError code.
+#include <cstdio>
+#include <string>
+
+#include "common.cuh"
+#include "gradsweep.h"
+
+namespace gs {
+
+int device_count(int* count) {
+  *count = 0;
+  return static_cast<int>(cudaGetDeviceCount(count));
+}
+
+int device_info(int device, std::string* name, int* major, int* minor, int* sm_count) {
+  cudaDeviceProp prop{};
+  GS_TRY(cudaGetDeviceProperties(&prop, device));
+  *name = prop.name;
+  *major = prop.major;
+  *minor = prop.minor;
+  *sm_count = prop.multiProcessorCount;
+  return 0;
+}
+
+int runtime_version(int* version) { return static_cast<int>(cudaRuntimeGetVersion(version)); }
+
+int driver_version(int* version) { return static_cast<int>(cudaDriverGetVersion(version)); }
+
+std::string error_string(int code) {
+  const auto e = static_cast<cudaError_t>(code);
+  return std::string(cudaGetErrorName(e)) + " (" + std::to_string(code) + "): " + cudaGetErrorString(e);
+}
+
+std::string build_arch_list() {
+#ifdef __CUDA_ARCH_LIST__
+#define GS_STR2(x) #x
+#define GS_STR(x) GS_STR2(x)
+  return GS_STR(__CUDA_ARCH_LIST__);
+#else
+  return "unknown";
+#endif
+}
+
+}  // namespace gs

@@ -1,0 +1,106 @@
+"""RMSNorm (gradsweep._C): y = x * rsqrt(mean(x^2) + eps) * weight, bf16 in/out, FP32 math inside.
+
+Forward and dx are row-wise, one CUDA block per row with a block size set by H alone, so a row's bits
+never depend on how many rows share the call. dweight follows the canonical protocol: the backward calls
+``fold.take(rows, (dy, x, rstd))`` and launches two kernels on the returned plan: per-tile sums (rows in
+slot order) then a sequential fold of those sums, tile after tile, into fold.main_grad (loaded by the
+kernel, stored back). The weight's returned gradient is None: the trainer reads fold.main_grad.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.cuda_kernels import runtime as rt
+
+TILE: int = 64
+
+
+def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, rstd): y bf16 [R, H], rstd fp32 [R] (saved for the backward)."""
+    n_rows, hidden = x.shape
+    y = torch.empty_like(x)
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if n_rows and hidden:
+        dev, stream = rt.launch(x)
+        rt.ext().rms_norm_fwd(rt.ptr(x), rt.ptr(weight), rt.ptr(y), rt.ptr(rstd), n_rows, hidden, float(eps),
+                              dev, stream)
+    return y, rstd
+
+
+def rms_norm_dx(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """dx bf16 [R, H], row-wise."""
+    n_rows, hidden = x.shape
+    dx = torch.empty_like(x)
+    if n_rows and hidden:
+        dev, stream = rt.launch(x)
+        rt.ext().rms_norm_bwd_dx(rt.ptr(dy), rt.ptr(x), rt.ptr(weight), rt.ptr(rstd), rt.ptr(dx), n_rows,
+                                 hidden, dev, stream)
+    return dx
+
+
+def rms_norm_fold_dweight(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, rows: RowIdentity,
+                          fold: CanonicalFold) -> None:
+    """Fold this call's dweight contributions into fold.main_grad in canonical order."""
+    hidden = x.shape[1]
+    step = fold.take(rows, (dy, x, rstd))
+    if step.num_tiles == 0 or hidden == 0:
+        return
+    dy_s, x_s, r_s = (t.contiguous() for t in step.tensors)
+    plan = step.plan.to(device=x.device, dtype=torch.int32).contiguous()
+    partial = torch.empty((step.num_tiles, hidden), dtype=torch.float32, device=x.device)
+    dev, stream = rt.launch(x)
+    ext = rt.ext()
+    ext.rms_norm_dw_tiles(rt.ptr(plan), step.num_tiles, int(plan.shape[1]), rt.ptr(dy_s), rt.ptr(x_s),
+                          rt.ptr(r_s), rt.ptr(partial), hidden, dev, stream)
+    ext.fold_tiles(rt.ptr(partial), step.num_tiles, rt.ptr(fold.main_grad), hidden, dev, stream)
+
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, rows, fold):  # type: ignore[override]
+        y, rstd = rms_norm_forward(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.rows, ctx.fold = rows, fold
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, weight, rstd = ctx.saved_tensors
+        dy = dy.to(torch.bfloat16).contiguous()
+        dx = rms_norm_dx(dy, x, weight, rstd) if ctx.needs_input_grad[0] else None
+        if ctx.fold is not None:
+            rms_norm_fold_dweight(dy, x, rstd, ctx.rows, ctx.fold)
+        return dx, None, None, None, None
+
+
+def _check_fold(fold: CanonicalFold | None, weight: torch.Tensor, rows: RowIdentity | None,
+                n_rows: int) -> None:
+    if fold is None:
+        if weight.requires_grad and torch.is_grad_enabled():
+            raise ValueError("rms_norm: weight requires grad but fold is None; pass a CanonicalFold "
+                             "(the weight gradient is folded into fold.main_grad, never returned)")
+        return
+    mg = fold.main_grad
+    if not mg.is_cuda or mg.dtype != torch.float32 or not mg.is_contiguous() or mg.numel() != weight.numel():
+        raise ValueError(f"rms_norm: fold.main_grad must be a contiguous CUDA float32 tensor of "
+                         f"{weight.numel()} elements, got {mg.dtype} {tuple(mg.shape)} on {mg.device}")
+    if mg.device != weight.device:
+        raise ValueError(f"rms_norm: fold.main_grad is on {mg.device}, the weight on {weight.device}")
+    if rows is None or rows.num_rows != n_rows:
+        raise ValueError("rms_norm: rows must give the logical identity of every row of x")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentity | None,
+             fold: CanonicalFold | None) -> torch.Tensor:
+    """RMSNorm of x [R, H] (bf16, CUDA); differentiable in x; dweight goes to fold.main_grad (grad None)."""
+    if x.dim() != 2 or weight.dim() != 1 or weight.shape[0] != x.shape[1]:
+        raise ValueError(f"rms_norm: expected x [R, H] and weight [H], got {tuple(x.shape)}, "
+                         f"{tuple(weight.shape)}")
+    rt.check_tensor("rms_norm x", x)
+    rt.check_tensor("rms_norm weight", weight)
+    if weight.device != x.device:
+        raise ValueError(f"rms_norm: x on {x.device}, weight on {weight.device}")
+    _check_fold(fold, weight, rows, x.shape[0])
+    return _RMSNormFn.apply(x.contiguous(), weight.contiguous(), float(eps), rows, fold)

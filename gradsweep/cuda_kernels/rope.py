@@ -1,0 +1,53 @@
+"""RoPE (gradsweep._C), rotate-half (GPT-NeoX) pairs (i, i + d/2), bf16 in/out, FP32 math.
+
+angle(i) = position * theta^(-2i/d) is computed in fp32 inside the kernel from the integer position, so a
+token's rotation depends on its position only, never on its row or on the batch. The backward rotates dy
+by -angle (the exact transpose of the rotation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradsweep.cuda_kernels import runtime as rt
+
+
+def rope_apply(x: torch.Tensor, positions: torch.Tensor, theta: float, inverse: bool) -> torch.Tensor:
+    """Rotate x [R, heads, head_dim] by +angle (inverse=False) or -angle (inverse=True)."""
+    n_rows, heads, head_dim = x.shape
+    y = torch.empty_like(x)
+    if x.numel():
+        dev, stream = rt.launch(x)
+        rt.ext().rope(rt.ptr(x), rt.ptr(positions), rt.ptr(y), n_rows, heads, head_dim, float(theta), inverse,
+                      dev, stream)
+    return y
+
+
+class _RopeFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, positions, theta):  # type: ignore[override]
+        ctx.save_for_backward(positions)
+        ctx.theta = theta
+        return rope_apply(x, positions, theta, inverse=False)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        (positions,) = ctx.saved_tensors
+        dx = rope_apply(dy.to(torch.bfloat16).contiguous(), positions, ctx.theta, inverse=True)
+        return dx, None, None
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """RoPE of x [R, heads, head_dim] (bf16, CUDA, head_dim even) at integer positions [R].
+
+    Differentiable in x (positions and theta get no gradient).
+    """
+    rt.check_tensor("rope x", x)
+    if x.dim() != 3 or x.shape[2] % 2 != 0:
+        raise ValueError(f"rope: expected x [R, heads, head_dim] with head_dim even, got {tuple(x.shape)}")
+    if positions.dim() != 1 or positions.shape[0] != x.shape[0]:
+        raise ValueError(f"rope: positions must be [R]={x.shape[0]}, got {tuple(positions.shape)}")
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise ValueError(f"rope: positions must be integers, got {positions.dtype}")
+    pos = positions.to(device=x.device, dtype=torch.int64).contiguous()
+    return _RopeFn.apply(x.contiguous(), pos, float(theta))

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call on a Hopper box (the lent H200): build csrc/, GPU checks, release sweep, verify.
+# Usage (repo root, on the GPU machine): bash scripts/h200_release.sh OUTDIR KEY [SWEEP ARGS...]
+# Writes at most 8 files into OUTDIR (the device tool returns no more).
+set -uo pipefail
+out=${1:?OUTDIR}; key=${2:?signing key}; shift 2
+export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$HOME/site" .whl/*.whl \
+    && export PYTHONPATH="$HOME/site:$PYTHONPATH"
+fi
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  time python3 setup.py build_ext --inplace
+} > "$out/build.log" 2>&1
+tail -3 "$out/build.log"
+python3 bench/gpu_check_cuda.py --out "$out/cuda_check.json" > "$out/cuda_check.log" 2>&1; echo "cuda check rc=$?"
+tail -25 "$out/cuda_check.log"
+python3 -m gradsweep.cli sweep manifests/h200.yaml -o "$out/h200.evidence.json" --key "$key" --no-progress "$@" \
+  > "$out/sweep.log" 2>&1; echo "sweep rc=$?"
+tail -60 "$out/sweep.log"
+python3 -m gradsweep.cli verify "$out/h200.evidence.json" --trusted-key "${key%.pem}.pub.pem"; echo "verify rc=$?"
+python3 -m gradsweep.cli report "$out/h200.evidence.json" --format md -o "$out/h200.md"

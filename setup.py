@@ -1,0 +1,160 @@
+"""Build of gradsweep._C: csrc/*.cu with nvcc, csrc/*.cpp and the link with the host compiler.
+
+Why not torch.utils.cpp_extension: the CPU machines and CI run a CPU-only torch that cannot link CUDA,
+so the module is a plain pybind11 extension taking raw device pointers, with the CUDA runtime linked
+statically (it imports on a machine without a driver and reports that through device_count()).
+When nvcc is missing (or GRADSWEEP_SKIP_CUDA=1) the extension is skipped with a warning, never failing
+the install: the cuda_bf16 profile then reports itself blocked.
+
+Target flags: ``-gencode=arch=compute_90a,code=sm_90a`` is Hopper's arch-specific target (needed by any
+wgmma / setmaxnreg kernel added later; the "a" image loads only on CC 9.0); ``compute_90,code=sm_90`` is
+the plain Hopper image, so the kernels are also compiled (and checked) without any arch-specific feature.
+``-fmad=false``: no compiler FMA contraction, so a 16-byte vector path and its scalar twin execute the same
+IEEE operations (the kernels spell their FMAs explicitly).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+CSRC = ROOT / "csrc"
+EXT_NAME = "gradsweep._C"
+NVCC_FLAGS = [
+    "-O3", "-std=c++17", "-fmad=false", "--expt-relaxed-constexpr",
+    "-gencode=arch=compute_90a,code=sm_90a",
+    "-gencode=arch=compute_90,code=sm_90",
+]
+CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall"]
+
+
+def find_nvcc() -> str | None:
+    """nvcc from $CUDA_HOME/bin, else PATH; None when absent."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def cudart_static_dir(nvcc: str) -> str | None:
+    """Directory holding libcudart_static.a, asked of nvcc itself (its dry run lists its -L paths)."""
+    candidates: list[str] = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            home = os.environ[var]
+            candidates += [os.path.join(home, d) for d in ("lib64", "lib", "targets/x86_64-linux/lib")]
+    try:
+        out = subprocess.run([nvcc, "-dryrun", "-cudart", "static", "-o", "/dev/null", "x.o"],
+                             capture_output=True, text=True, timeout=60)
+        candidates += re.findall(r'-L"?([^"\s]+)"?', out.stdout + out.stderr)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    real = Path(nvcc).resolve().parent.parent
+    candidates += [str(real / d) for d in ("lib64", "lib", "targets/x86_64-linux/lib")]
+    candidates += ["/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/local/cuda/targets/x86_64-linux/lib"]
+    for c in candidates:
+        if (Path(c) / "libcudart_static.a").is_file():
+            return str(Path(c).resolve())
+    return None
+
+
+def skip_reason() -> str | None:
+    """Why the CUDA extension is not built here, or None when it is."""
+    if os.environ.get("GRADSWEEP_SKIP_CUDA") == "1":
+        return "GRADSWEEP_SKIP_CUDA=1"
+    if find_nvcc() is None:
+        return "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+    return None
+
+
+class NvccBuildExt(build_ext):
+    """Compiles .cu files with nvcc and .cpp files with the host compiler, links with the host compiler."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        reason = skip_reason()
+        if reason is not None:
+            warnings.warn(f"gradsweep: skipping the CUDA extension {EXT_NAME}: {reason}; "
+                          "the cuda_bf16 profile will report itself blocked", stacklevel=1)
+            print(f"WARNING: gradsweep: skipping {EXT_NAME}: {reason}", file=sys.stderr)
+            self.extensions = []
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            self._build(ext)
+        except Exception as exc:  # a broken CUDA build must not break the install
+            if os.environ.get("GRADSWEEP_REQUIRE_CUDA") == "1":
+                raise
+            warnings.warn(f"gradsweep: building {EXT_NAME} failed, skipping it: {exc}", stacklevel=1)
+            print(f"WARNING: gradsweep: building {EXT_NAME} failed, skipping it "
+                  f"(GRADSWEEP_REQUIRE_CUDA=1 makes this fatal): {exc}", file=sys.stderr)
+
+    def _build(self, ext: Extension) -> None:
+        nvcc = find_nvcc()
+        assert nvcc is not None
+        libdir = cudart_static_dir(nvcc)
+        cxx = os.environ.get("CXX", "c++")
+        tmp = Path(self.build_temp) / "gradsweep_csrc"
+        tmp.mkdir(parents=True, exist_ok=True)
+        import pybind11
+
+        py_inc = sysconfig.get_paths()["include"]
+        flags_str = " ".join(NVCC_FLAGS)
+        jobs: list[list[str]] = []
+        objects: list[str] = []
+        for src in (str(ROOT / s) for s in ext.sources):
+            obj = str(tmp / (Path(src).name + ".o"))
+            objects.append(obj)
+            if src.endswith(".cu"):
+                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_FLAGS, "-Xcompiler", "-fPIC",
+                             f"-I{CSRC}"])
+            else:
+                jobs.append([cxx, "-c", src, "-o", obj, *CXX_FLAGS, f"-I{CSRC}",
+                             f"-I{pybind11.get_include()}", f"-I{py_inc}",
+                             f'-DGS_BUILD_FLAGS="{flags_str}"'])
+        workers = max(1, min(len(jobs), os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers) as pool:
+            for cmd, res in zip(jobs, pool.map(self._run, jobs)):
+                if res.returncode != 0:
+                    raise RuntimeError(f"gradsweep: compile failed: {' '.join(cmd)}\n"
+                                       f"{res.stdout}{res.stderr}")
+        out = Path(self.get_ext_fullpath(ext.name))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if libdir is not None:
+            link = [cxx, "-shared", "-o", str(out), *objects, f"-L{libdir}", "-lcudart_static",
+                    "-lrt", "-lpthread", "-ldl", "-Wl,--exclude-libs,ALL"]
+        else:  # nvcc knows where its own runtime lives
+            link = [nvcc, "-shared", "-cudart", "static", "-o", str(out), *objects]
+        res = self._run(link)
+        if res.returncode != 0:
+            raise RuntimeError(f"gradsweep: link failed: {' '.join(link)}\n{res.stdout}{res.stderr}")
+
+    @staticmethod
+    def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+        print(" ".join(cmd))
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def extensions() -> list[Extension]:
+    """gradsweep._C from every source of csrc/ (sorted: a stable build)."""
+    sources = sorted(str(p.relative_to(ROOT)) for p in CSRC.glob("*.cu"))
+    sources += sorted(str(p.relative_to(ROOT)) for p in CSRC.glob("*.cpp"))
+    if not sources:
+        return []
+    depends = sorted(str(p.relative_to(ROOT)) for p in CSRC.glob("*.*h"))
+    return [Extension(EXT_NAME, sources=sources, optional=True, depends=depends)]
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": NvccBuildExt})

@@ -1,0 +1,131 @@
+"""The CUDA family: a real nvcc build of csrc/ (CPU, CI) and, on a CUDA box, its GPU checks.
+
+The build test compiles gradsweep._C from this tree into a temporary directory (the shipped flags, both
+Hopper targets), imports that copy, and checks what cuda_status() says: on a GPU-less box a driver/device
+reason, on a CUDA box 'ok'. The GPU tests run the checks of bench/gpu_check_cuda.py (bitwise invariance
+across layouts, accuracy against float64 with a numerical-analysis bound).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from gradsweep.cuda_kernels import runtime
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_built(lib_dir: Path) -> ModuleType:
+    found = sorted(lib_dir.glob("gradsweep/_C*.so"))
+    assert found, f"no gradsweep/_C*.so under {lib_dir}"
+    spec = importlib.util.spec_from_file_location("gradsweep._C", found[0])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"), reason="nvcc not found")
+def test_nvcc_build_and_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = dict(os.environ, GRADSWEEP_REQUIRE_CUDA="1")
+    env.pop("GRADSWEEP_SKIP_CUDA", None)
+    cmd = [sys.executable, "setup.py", "build_ext", "--build-lib", str(tmp_path / "lib"),
+           "--build-temp", str(tmp_path / "tmp")]
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"build failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+    ext = _load_built(tmp_path / "lib")
+
+    err, count = ext.device_count()  # never raises, even without a driver
+    assert isinstance(err, int) and isinstance(count, int)
+    info = ext.build_info()
+    assert info["cudart"] == "static" and "900" in info["arch_list"]
+    assert "sm_90a" in info["nvcc_flags"] and "code=sm_90" in info["nvcc_flags"]
+    assert "cudaErrorInsufficientDriver" in ext.error_string(35)
+
+    monkeypatch.setitem(sys.modules, "gradsweep._C", ext)
+    ok, why = runtime.cuda_status()
+    if torch.cuda.is_available():
+        assert ok and why.startswith("ok: "), why
+    elif ok:
+        assert why.startswith("ok: ")  # a CPU-only torch on a GPU box: the module still sees the device
+    else:
+        assert why.startswith(("no CUDA driver", "no CUDA device")), why
+        with pytest.raises(RuntimeError, match="unavailable"):
+            runtime.require()
+        with pytest.raises(RuntimeError, match=r"gradsweep\._C\.device_info"):
+            ext.device_info(0)
+
+
+def test_status_reports_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "gradsweep._C", None)  # import of gradsweep._C raises ImportError
+    ok, why = runtime.cuda_status()
+    assert not ok and why.startswith(runtime.NOT_BUILT)
+
+
+def test_ops_reject_cpu_tensors() -> None:
+    from gradsweep.cuda_kernels import rms_norm, rope, silu, swiglu
+
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        silu.silu(x)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        swiglu.swiglu(x, x)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        rope.rope(x.view(2, 1, 8), torch.zeros(2, dtype=torch.int64), 10000.0)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        rms_norm.rms_norm(x, torch.ones(8, dtype=torch.bfloat16), 1e-6, None, None)
+
+
+def _gpu_ready() -> tuple[bool, str]:
+    if not torch.cuda.is_available():
+        return False, "no CUDA in torch"
+    ok, why = runtime.cuda_status()
+    return ok, why
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check_cuda", ROOT / "bench" / "gpu_check_cuda.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_GPU_OK, _GPU_WHY = _gpu_ready() if torch.cuda.is_available() else (False, "no CUDA in torch")
+_CHECK_NAMES = [
+    "rms_norm/invariance/H4096", "rms_norm/invariance/H1000", "rms_norm/invariance/H100",
+    "rms_norm/rowwise/H4096", "rms_norm/rowwise/H100", "rms_norm/accuracy/H4096", "rms_norm/accuracy/H100",
+    "rms_norm/empty", "silu/invariance", "silu/accuracy", "swiglu/invariance", "swiglu/accuracy",
+    "rope/invariance/h8d128", "rope/invariance/h3d10", "rope/accuracy/h8d128", "rope/accuracy/h8d128/pos32k",
+    "rope/accuracy/h4d64/pos200k",
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+@pytest.mark.parametrize("name", _CHECK_NAMES)
+def test_gpu_check(name: str) -> None:
+    checks = _bench().CHECKS
+    assert set(_CHECK_NAMES) == set(checks), "keep _CHECK_NAMES in step with bench CHECKS"
+    passed, detail = checks[name]()
+    assert passed, detail
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+def test_gpu_fold_required() -> None:
+    from gradsweep.cuda_kernels import rms_norm
+
+    x = torch.zeros(2, 8, dtype=torch.bfloat16, device="cuda")
+    w = torch.ones(8, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    with pytest.raises(ValueError, match="fold is None"):
+        rms_norm.rms_norm(x, w, 1e-6, None, None)
