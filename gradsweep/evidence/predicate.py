@@ -1,0 +1,104 @@
+"""The closeout predicate: what a sweep proved, cell by cell, and under which conditions.
+
+Typed so that report, diff and merge read exactly what sweep wrote.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gradsweep.evidence.provenance import Provenance
+from gradsweep.results import CellResult
+from gradsweep.sweep.tracked import TrackedEntry
+
+PREDICATE_TYPE = "https://gradsweep.dev/closeout/v1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ManifestRef(_Strict):
+    name: str
+    version: int
+    path: str
+    sha256: str
+
+
+class ContractRef(_Strict):
+    version: str | None = None
+    path: str | None = None
+
+
+class SourceRef(_Strict):
+    sha256: str
+    files: int
+    roots: list[str]
+
+
+class Selection(_Strict):
+    """Which cells this evidence covers: the filtered set, and the shard of it."""
+
+    ops: list[str] | None = None
+    profiles: list[str] | None = None
+    layouts: list[str] | None = None
+    cells_total: int = Field(description="cells after filters, before sharding")
+    cells_digest: str = Field(description="sha256 of the sorted filtered cell ids")
+    shards: list[str] = Field(default_factory=list, description="K/N of each shard included; [] unsharded")
+
+
+class RunRecord(_Strict):
+    """One sweep invocation (a merged evidence holds one per shard)."""
+
+    shard: str | None = None
+    started_at: str
+    finished_at: str
+    argv: list[str]
+    jobs: int
+    cell_timeout_s: float
+    resumed_cells: int = 0
+    cell_fn: str
+    provenance: Provenance
+
+
+class CellRecord(_Strict):
+    """A cell's result and, for a red, the tracked-reds entry covering it (None: untracked)."""
+
+    result: CellResult
+    tracked: TrackedEntry | None = None
+
+    @property
+    def untracked_red(self) -> bool:
+        return self.result.status.is_red and self.tracked is None
+
+
+class Tally(_Strict):
+    total: int
+    by_status: dict[str, int]
+    tracked_red: int
+    untracked_red: int
+    stale_tracked: int
+
+
+class Verdict(_Strict):
+    exit_code: int
+    summary: str
+    strict: bool
+
+
+class Predicate(_Strict):
+    schema_version: Literal[1] = 1
+    generator: str
+    manifest: ManifestRef
+    contract: ContractRef
+    source: SourceRef
+    selection: Selection
+    runs: list[RunRecord]
+    tracked_file: str | None = None
+    tracked_entries: list[TrackedEntry] = Field(default_factory=list)
+    stale_tracked: list[TrackedEntry] = Field(default_factory=list)
+    cells: list[CellRecord]
+    tally: Tally
+    verdict: Verdict

@@ -1,0 +1,87 @@
+"""Where and with what a sweep ran, measured by the run itself: every field is queried, never assumed.
+
+A value that cannot be queried (no GPU, no git, no nvidia-smi) is recorded as null.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Provenance(BaseModel):
+    """The machine and software stack of one run."""
+
+    model_config = ConfigDict(extra="forbid")
+    host: str
+    platform: str
+    python: str
+    gradsweep: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    cuda_available: bool = False
+    cuda_runtime: str | None = None
+    gpu_name: str | None = None
+    gpu_count: int = 0
+    sm: str | None = None
+    driver: str | None = None
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_state(root: Path) -> tuple[str | None, bool | None]:
+    """(HEAD commit, whether the work tree differs from it); (None, None) outside a git checkout."""
+    commit = _run(["git", "rev-parse", "--verify", "HEAD"], cwd=root)
+    if commit is None:
+        return None, None
+    status = _run(["git", "status", "--porcelain", "--untracked-files=normal"], cwd=root)
+    return commit, (None if status is None else bool(status))
+
+
+def _torch_facts() -> dict[str, object]:
+    try:
+        import torch
+    except ImportError:
+        return {}
+    facts: dict[str, object] = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda}
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        major, minor = torch.cuda.get_device_capability(0)
+        facts.update(cuda_available=True, gpu_count=count, gpu_name=torch.cuda.get_device_name(0),
+                     sm=f"sm_{major}{minor}")
+        driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        facts["driver"] = driver.splitlines()[0].strip() if driver else None
+    return facts
+
+
+def collect_provenance(root: Path) -> Provenance:
+    """Query this process's machine; torch.cuda is touched only when CUDA is available."""
+    commit, dirty = git_state(root)
+    triton = _dist_version("triton")
+    return Provenance(host=socket.gethostname(), platform=platform.platform(),
+                      python=sys.version.split()[0], gradsweep=_dist_version("gradsweep"), triton=triton,
+                      git_commit=commit, git_dirty=dirty, **_torch_facts())  # type: ignore[arg-type]

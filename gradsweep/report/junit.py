@@ -1,0 +1,37 @@
+"""JUnit XML: one testcase per cell; red and error are failures, blocked and skipped are skipped."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from gradsweep.evidence.predicate import Predicate
+from gradsweep.report.labels import detail
+
+
+def render_junit(pred: Predicate) -> str:
+    suites = ET.Element("testsuites", name=f"gradsweep {pred.manifest.name}")
+    by_profile: dict[str, list] = {}
+    for rec in pred.cells:
+        by_profile.setdefault(rec.result.key.profile, []).append(rec)
+    for profile in sorted(by_profile):
+        recs = by_profile[profile]
+        failures = sum(1 for r in recs if r.result.status.is_red or r.result.status.value == "error")
+        skipped = sum(1 for r in recs if r.result.status.is_blocked or r.result.status.value == "skipped")
+        suite = ET.SubElement(suites, "testsuite", name=profile, tests=str(len(recs)), failures=str(failures),
+                              errors="0", skipped=str(skipped),
+                              time=f"{sum(r.result.duration_s for r in recs):.3f}")
+        for rec in recs:
+            key = rec.result.key
+            case = ET.SubElement(suite, "testcase", classname=f"gradsweep.{profile}.{key.op}",
+                                 name=key.layout, time=f"{rec.result.duration_s:.3f}")
+            status = rec.result.status
+            message = f"{status.value}: {detail(rec)}"
+            if status.is_red:
+                tag = "tracked" if rec.tracked is not None else "UNTRACKED"
+                ET.SubElement(case, "failure", message=f"{tag} {message}", type=status.value).text = message
+            elif status.value == "error":
+                ET.SubElement(case, "failure", message=message, type="error").text = message
+            elif status.is_blocked or status.value == "skipped":
+                ET.SubElement(case, "skipped", message=message)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

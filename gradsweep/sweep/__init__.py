@@ -1,0 +1,1 @@
+"""Running a sweep: isolated workers, shards, partial results, tracked reds, the tally and its verdict."""

@@ -1,0 +1,30 @@
+"""Assemble a predicate from results: tracked marks, tally, stale entries and the verdict.
+
+Shared by sweep and merge so a merged evidence is judged exactly like an unsharded one.
+"""
+
+from __future__ import annotations
+
+from gradsweep.evidence.predicate import ContractRef, ManifestRef, Predicate, RunRecord, Selection, SourceRef
+from gradsweep.results import CellResult
+from gradsweep.sweep.tally import mark, tally, verdict
+from gradsweep.sweep.tracked import TrackedEntry
+
+
+def generator_name() -> str:
+    from importlib import metadata
+
+    try:
+        return f"gradsweep {metadata.version('gradsweep')}"
+    except metadata.PackageNotFoundError:
+        return "gradsweep (source checkout)"
+
+
+def assemble_predicate(*, manifest: ManifestRef, contract: ContractRef, source: SourceRef,
+                       selection: Selection, runs: list[RunRecord], results: list[CellResult],
+                       tracked: list[TrackedEntry], tracked_file: str | None, strict: bool) -> Predicate:
+    records = mark(results, tracked)
+    counts, stale = tally(records, tracked)
+    return Predicate(generator=generator_name(), manifest=manifest, contract=contract, source=source,
+                     selection=selection, runs=runs, tracked_file=tracked_file, tracked_entries=tracked,
+                     stale_tracked=stale, cells=records, tally=counts, verdict=verdict(counts, strict))

@@ -1,0 +1,307 @@
+"""Run cells in isolated worker processes, grouped by profile, with a per-cell timeout.
+
+Each worker gets its profile's environment before Python imports anything, runs cells one at a
+time and streams each result back. A segfault, abort or hang ends only the cell in flight (as
+``error``, naming the signal or the timeout); a fresh worker carries on with the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from gradsweep.results import CellKey, CellResult, Status
+from gradsweep.sweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
+
+DEFAULT_TIMEOUT_S = 900.0
+MAX_START_FAILURES = 2
+
+
+def default_jobs() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+@dataclass
+class RunSpec:
+    """What to run: the cells, where workers read the manifest, and how each profile's worker starts."""
+
+    manifest_path: Path
+    cells: list[CellKey]
+    profile_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    cell_fn: str = DEFAULT_CELL_FN
+    loader: str = DEFAULT_LOADER
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    jobs: int = 1
+
+
+@dataclass
+class _Worker:
+    profile: str
+    proc: subprocess.Popen[bytes]
+    fd: int
+    log: IO[bytes]
+    buf: bytes = b""
+    current: CellKey | None = None
+    deadline: float = 0.0
+    started: float = 0.0
+    ready: bool = False
+
+
+def _error(key: CellKey, reason: str, duration: float = 0.0) -> CellResult:
+    return CellResult(key=key, status=Status.ERROR, reason=reason, duration_s=round(duration, 3))
+
+
+def _log_tail(log: IO[bytes], limit: int = 400) -> str:
+    """A dead worker's stderr in brief: faulthandler's fatal line and innermost frames, else last lines."""
+    try:
+        log.seek(0, os.SEEK_END)
+        size = log.tell()
+        log.seek(max(0, size - 16384))
+        text = log.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    fatal = [i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")]
+    if fatal:
+        first = fatal[-1]
+        frames = [ln for ln in lines[first:] if ln.startswith("File ")]
+        picked = [lines[first], *frames[:2]]
+    else:
+        picked = lines[-3:]
+    return " | ".join(picked)[-limit:]
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "worker vanished"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker killed by {name}"
+    return f"worker exited with code {code}"
+
+
+def _worker_env(profile_env: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(profile_env)
+    repo = str(Path(__file__).resolve().parents[2])
+    paths = [repo, os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["PYTHONFAULTHANDLER"] = "1"
+    return env
+
+
+class Runner:
+    """Schedules cells onto at most ``jobs`` workers and collects their results."""
+
+    def __init__(self, spec: RunSpec, on_result: Callable[[CellResult], None] | None = None):
+        self.spec = spec
+        self.on_result = on_result or (lambda _r: None)
+        self.pending: dict[str, deque[CellKey]] = {}
+        for key in spec.cells:
+            self.pending.setdefault(key.profile, deque()).append(key)
+        self.workers: dict[int, _Worker] = {}
+        self.start_failures: dict[str, int] = {}
+        self.results: list[CellResult] = []
+        self.sel = selectors.DefaultSelector()
+
+    def run(self) -> list[CellResult]:
+        try:
+            while self._has_work():
+                self._fill_slots()
+                self._poll()
+        finally:
+            for worker in list(self.workers.values()):
+                self._kill(worker)
+            self.sel.close()
+        return self.results
+
+    # scheduling -------------------------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        return any(self.pending.values()) or any(w.current for w in self.workers.values())
+
+    def _pick_profile(self) -> str | None:
+        """The profile most in need of another worker; an extra worker (each costs a start-up, e.g. a
+        torch import) only when its profile has more than two cells queued per running worker."""
+        counts = {p: sum(1 for w in self.workers.values() if w.profile == p) for p in self.pending}
+        choices = [p for p, q in self.pending.items() if q and len(q) > 2 * counts[p]]
+        if not choices:
+            return None
+        return max(choices, key=lambda p: (len(self.pending[p]) / (1 + counts[p]), -counts[p]))
+
+    def _fill_slots(self) -> None:
+        while len(self.workers) < max(1, self.spec.jobs):
+            profile = self._pick_profile()
+            if profile is None:
+                return
+            worker = self._spawn(profile)
+            self._assign(worker)
+
+    def _assign(self, worker: _Worker) -> None:
+        queue = self.pending.get(worker.profile)
+        if not queue:
+            self._retire(worker)
+            return
+        key = queue.popleft()
+        worker.current = key
+        worker.deadline = time.monotonic() + self.spec.timeout_s
+        try:
+            assert worker.proc.stdin is not None
+            worker.proc.stdin.write((json.dumps({"cell": key.id}) + "\n").encode())
+            worker.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the worker died; its EOF is handled by _poll
+
+    def _spawn(self, profile: str) -> _Worker:
+        read_fd, write_fd = os.pipe()
+        log = tempfile.TemporaryFile()
+        cmd = [sys.executable, "-m", "gradsweep.sweep.worker", "--manifest", str(self.spec.manifest_path),
+               "--cell-fn", self.spec.cell_fn, "--loader", self.spec.loader, "--fd", str(write_fd)]
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write_fd,),
+                                env=_worker_env(self.spec.profile_env.get(profile, {})),
+                                start_new_session=True)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        worker = _Worker(profile=profile, proc=proc, fd=read_fd, log=log)
+        self.workers[read_fd] = worker
+        self.sel.register(read_fd, selectors.EVENT_READ, worker)
+        return worker
+
+    def _retire(self, worker: _Worker) -> None:
+        """No more cells for this worker: close its stdin so it exits cleanly."""
+        try:
+            assert worker.proc.stdin is not None
+            worker.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            worker.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._kill(worker)
+            return
+        self._drop(worker)
+
+    def _kill(self, worker: _Worker) -> None:
+        try:
+            os.killpg(worker.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        worker.proc.wait()
+        self._drop(worker)
+
+    def _drop(self, worker: _Worker) -> None:
+        if worker.fd in self.workers:
+            self.sel.unregister(worker.fd)
+            os.close(worker.fd)
+            del self.workers[worker.fd]
+        if worker.proc.stdin is not None and not worker.proc.stdin.closed:
+            try:
+                worker.proc.stdin.close()
+            except OSError:
+                pass
+        worker.log.close()
+
+    # events -----------------------------------------------------------------------------
+
+    def _record(self, result: CellResult) -> None:
+        self.results.append(result)
+        self.on_result(result)
+
+    def _poll(self) -> None:
+        if not self.workers:
+            return
+        now = time.monotonic()
+        wait = max(0.0, min(w.deadline for w in self.workers.values()) - now)
+        for sel_key, _ in self.sel.select(timeout=min(wait, 0.5)):
+            worker: _Worker = sel_key.data
+            if worker.fd in self.workers:
+                self._read(worker)
+        now = time.monotonic()
+        for worker in list(self.workers.values()):
+            if worker.current is not None and now >= worker.deadline:
+                key = worker.current
+                worker.current = None
+                self._kill(worker)
+                self._record(_error(key, f"timeout: no result within {self.spec.timeout_s:g} s "
+                                         "(worker killed)", self.spec.timeout_s))
+
+    def _read(self, worker: _Worker) -> None:
+        try:
+            chunk = os.read(worker.fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self._on_exit(worker)
+            return
+        worker.buf += chunk
+        while b"\n" in worker.buf and worker.fd in self.workers:
+            line, worker.buf = worker.buf.split(b"\n", 1)
+            self._on_message(worker, json.loads(line))
+
+    def _on_message(self, worker: _Worker, msg: dict[str, Any]) -> None:
+        event = msg.get("event")
+        if event == "ready":
+            worker.ready = True
+            self.start_failures[worker.profile] = 0
+        elif event == "start":
+            worker.started = time.monotonic()
+            worker.deadline = worker.started + self.spec.timeout_s
+        elif event == "result":
+            result = CellResult.model_validate(msg["result"])
+            if worker.current is None or result.key != worker.current:
+                result = _error(worker.current or result.key, f"worker answered for {result.key.id}")
+            worker.current = None
+            self._record(result)
+            self._assign(worker)
+        elif event == "fatal":
+            self._fail_profile(worker, str(msg.get("message", "worker could not start")))
+
+    def _fail_profile(self, worker: _Worker, reason: str) -> None:
+        """The worker cannot start at all: every remaining cell of its profile is an error."""
+        doomed = ([worker.current] if worker.current else []) + list(self.pending.get(worker.profile, []))
+        self.pending[worker.profile] = deque()
+        worker.current = None
+        self._kill(worker)
+        for key in doomed:
+            self._record(_error(key, reason))
+
+    def _on_exit(self, worker: _Worker) -> None:
+        code = worker.proc.wait()
+        key = worker.current
+        if key is None:
+            self._drop(worker)
+            return
+        tail = _log_tail(worker.log)
+        reason = _exit_reason(code) + (f"; stderr: {tail}" if tail else "")
+        if not worker.ready:
+            self.start_failures[worker.profile] = self.start_failures.get(worker.profile, 0) + 1
+            if self.start_failures[worker.profile] >= MAX_START_FAILURES:
+                self._fail_profile(worker, f"worker could not start: {reason}")
+                return
+            # retry the cell in a fresh worker: it never started, so it has not crashed anything yet
+            self.pending[worker.profile].appendleft(key)
+            worker.current = None
+            self._drop(worker)
+            return
+        worker.current = None
+        self._drop(worker)
+        self._record(_error(key, reason, time.monotonic() - worker.started))
+
+
+def run_cells(spec: RunSpec, on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
+    """Run every cell of ``spec`` isolated; results arrive via ``on_result`` as they finish."""
+    return Runner(spec, on_result).run()
