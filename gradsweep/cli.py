@@ -297,6 +297,29 @@ def check(
     raise typer.Exit(code)
 
 
+@app.command()
+def drift(
+    profile: Annotated[str, typer.Option(help="profile whose candidates run the chain")] = "torch_bf16",
+    train: Annotated[str, typer.Option(help="train-style layout")] = "bn_full",
+    infer: Annotated[str, typer.Option(help="inference-style layout")] = "decode",
+    manifest: Annotated[Path | None, typer.Option(help="samples, seed and profiles (default: default.yaml)")]
+    = None,
+    hidden: Annotated[int, typer.Option(help="chain hidden size")] = 64,
+    inner: Annotated[int, typer.Option(help="chain intermediate size")] = 96,
+    vocab: Annotated[int, typer.Option(help="chain vocabulary size")] = 300,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Attribute drift along embedding -> rms_norm -> linear -> silu -> lm_head -> logp: train vs inference."""
+    from gradsweep.drift_cli import run_drift
+
+    try:
+        report, text = run_drift(manifest, profile, train, infer, hidden, inner, vocab, as_json)
+    except BadInput as exc:
+        fail(exc)
+    sys.stdout.write(text)
+    raise typer.Exit(0 if report.first_divergence is None else 1)
+
+
 class ListWhat(str, Enum):
     ops = "ops"
     profiles = "profiles"

@@ -73,8 +73,12 @@ def _precheck(manifest: Manifest, key: CellKey) -> tuple[Status, str, str | None
     return None
 
 
-def run_cell(manifest: Manifest, key: CellKey) -> CellResult:
-    """Run and classify one cell. Raises only on harness bugs (the runner records those as error)."""
+def run_cell(manifest: Manifest, key: CellKey, candidate: str | None = None) -> CellResult:
+    """Run and classify one cell. Raises only on harness bugs (the runner records those as error).
+
+    ``candidate`` runs another implementation id of the op instead of the declared one (``gradsweep
+    check --candidate``); it must belong to the profile's family: a profile never borrows.
+    """
     start = time.perf_counter()
     shape = manifest.shape(key.op)
     pre = _precheck(manifest, key)
@@ -84,15 +88,20 @@ def run_cell(manifest: Manifest, key: CellKey) -> CellResult:
                           duration_s=time.perf_counter() - start)
     op = get_op(key.op)
     prof = manifest.profiles[key.profile]
-    impl = prof.candidates[key.op].impl
-    candidate = op.candidates[impl]
+    impl = candidate or prof.candidates[key.op].impl
+    if impl not in op.candidates:
+        raise ValueError(f"unknown implementation {impl!r} for {key.op}; known: {', '.join(op.candidates)}")
+    if op.candidates[impl].family != prof.family:
+        raise ValueError(f"{impl!r} is a {op.candidates[impl].family} implementation; profile {key.profile} is "
+                         f"{prof.family}: a profile never borrows another family's implementation")
+    cand = op.candidates[impl]
     device = resolve_device(prof.device)
     contract = _cached(("contract", str(manifest.contract_path)), lambda: load_contract(manifest.contract_path))
     ident = (str(manifest._source), manifest.name, key.op)
     try:
         base = _cached(("run", *ident, impl, str(device), REFERENCE_LAYOUT),
-                       lambda: layout_run(manifest, op, candidate, REFERENCE_LAYOUT, device))
-        other = layout_run(manifest, op, candidate, key.layout, device)
+                       lambda: layout_run(manifest, op, cand, REFERENCE_LAYOUT, device))
+        other = layout_run(manifest, op, cand, key.layout, device)
     except MissingBackward as exc:
         return CellResult(key=key, status=Status.RED_NO_BACKWARD, reason=str(exc), candidate=impl, shape=shape,
                           first_failure=f"{exc.tensor}: no gradient path",
