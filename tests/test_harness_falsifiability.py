@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gradsweep.contract import load_contract
 from gradsweep.harness import assert_gradient_batch_invariant, run_cell
 from gradsweep.harness.cell import clear_cache, workload_of
 from gradsweep.harness.execute import run_layout
 from gradsweep.harness.invariance import InvarianceError, LayoutConfig, assert_forward_batch_invariant
 from gradsweep.layouts import build_calls
-from gradsweep.contract import load_contract
 from gradsweep.ops.registry import get_op
 from gradsweep.results import CellKey, Status
 from tests import planted_ops
@@ -105,7 +105,7 @@ class _Spy:
         self.seen: list[tuple[int, torch.Tensor, torch.Tensor]] = []
 
     def candidate(self):
-        from gradsweep.ops.base import Candidate, CallOutput
+        from gradsweep.ops.base import CallOutput, Candidate
 
         def run(ctx):
             x = ctx.inputs["x"]

@@ -13,7 +13,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.layouts import Call, as_padded
-from gradsweep.ops.base import Candidate, CallContext, OpSpec, Shape
+from gradsweep.ops.base import CallContext, Candidate, OpSpec, Shape
 from gradsweep.workload import Workload
 
 

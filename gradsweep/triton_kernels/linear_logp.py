@@ -1,0 +1,261 @@
+"""Fused lm_head + selected-token log-prob that never materialises the [R, V] logits.
+
+Forward: one kernel computes logits tiles [BM, BV] by a non-split-K GEMM and folds them into an
+online log-sum-exp per row over a FIXED vocabulary chunk (``VCHUNK``: chunks give parallelism
+for any R); a second kernel combines the chunks' (max, sum, target logit) in chunk order.  The
+whole launch configuration is pinned (it depends on nothing about R): the in-tile ``tl.sum``
+reduces every row in the same order whatever the batch.
+
+Backward: the vocabulary is walked in chunks of ``BWD_VCHUNK`` columns.  Per chunk a GEMM with
+an element-wise epilogue recomputes dlogits = g (onehot - exp(logit - lse)) in bf16 [S, chunk]
+(peak extra memory O(R x chunk)); dhidden accumulates chunk after chunk in an fp32 buffer that
+each GEMM loads (one sequential order over V, whatever the chunk size); dW rows of the chunk are
+folded into ``fold.main_grad`` by the canonical fold kernel.  Rows the fold carries from an earlier
+call are recomputed from their saved (hidden, target, lse, g).
+
+Targets outside [0, V) give logp 0 and zero gradients.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.triton_kernels.gemm import (
+    _check_fold,
+    _mm_configs,
+    _prune_mm,
+    _tile_ids,
+    cast_out,
+    dw_fold_raw,
+    loop_bound,
+    m_bucket,
+    matmul_accumulate,
+)
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Pinned forward configuration (a row's log-sum-exp order follows it): never a function of R.
+FWD_CFG = ({"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 256, "num_warps": 4, "num_stages": 1} if INTERPRET else
+           {"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 2048, "num_warps": 8, "num_stages": 3})
+# Backward vocabulary chunk: extra memory O(R x BWD_VCHUNK); the bits do not follow it.
+BWD_VCHUNK = 128 if INTERPRET else 8192
+_CPU_DLOG = {"BM": 64, "BN": 128, "BK": 32, "GROUP_M": 4}
+_COMBINE_ROWS = 128
+
+
+@triton.jit
+def _fused_fwd_kernel(H, W, T, PM, PS, PT, R, V, K, n_chunks, s_h, s_w,
+                      VCHUNK: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                      EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    """Per (row tile, vocab chunk): running max, sum of exp and target logit of the chunk's columns."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(R, BM)
+    pid_m = pid % num_m  # row tiles fastest: concurrent programs share the chunk's weight rows
+    c = pid // num_m
+    rm = pid_m * BM + tl.arange(0, BM)
+    hm = tl.where(rm < R, rm, 0).to(tl.int64)
+    rk = tl.arange(0, BK)
+    t = tl.load(T + hm)
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    s = tl.zeros((BM,), tl.float32)
+    xt = tl.zeros((BM,), tl.float32)
+    for i in range(0, VCHUNK // BV):  # constexpr trip count; blocks past V are skipped
+        vb = c * VCHUNK + i * BV
+        if vb < V:
+            rv = vb + tl.arange(0, BV)
+            wv = tl.where(rv < V, rv, 0).to(tl.int64)
+            a_ptr = H + hm[:, None] * s_h + rk[None, :]
+            b_ptr = W + wv[None, :] * s_w + rk[:, None]
+            acc = tl.zeros((BM, BV), tl.float32)
+            for k0 in range(0, K, BK):
+                if EVEN_K:
+                    a = tl.load(a_ptr)
+                    b = tl.load(b_ptr)
+                else:
+                    k_ok = (k0 + rk) < K
+                    a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
+                    b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc)
+                a_ptr += BK
+                b_ptr += BK
+            logits = tl.where(rv[None, :] < V, acc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(logits, 1))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(logits - m_new[:, None]), 1)
+            m = m_new
+            xt += tl.sum(tl.where(rv[None, :] == t[:, None], acc, 0.0), 1)
+    ok = rm < R
+    off = rm.to(tl.int64) * n_chunks + c
+    tl.store(PM + off, m, mask=ok)
+    tl.store(PS + off, s, mask=ok)
+    tl.store(PT + off, xt, mask=ok)
+
+
+@triton.jit
+def _combine_kernel(PM, PS, PT, T, OUT, LSE, R, V, n_chunks, BR: tl.constexpr):
+    """Fold the chunks' partial log-sum-exp in chunk order (element-wise over rows)."""
+    rr = tl.program_id(0) * BR + tl.arange(0, BR)
+    ok = rr < R
+    base = rr.to(tl.int64) * n_chunks
+    m = tl.full((BR,), float("-inf"), tl.float32)
+    s = tl.zeros((BR,), tl.float32)
+    xt = tl.zeros((BR,), tl.float32)
+    for c in range(0, n_chunks):
+        mc = tl.load(PM + base + c, mask=ok, other=0.0)
+        sc = tl.load(PS + base + c, mask=ok, other=1.0)
+        m_new = tl.maximum(m, mc)
+        s = s * tl.exp(m - m_new) + sc * tl.exp(mc - m_new)
+        m = m_new
+        xt += tl.load(PT + base + c, mask=ok, other=0.0)
+    lse = m + tl.log(s)
+    t = tl.load(T + rr, mask=ok, other=0)
+    valid = (t >= 0) & (t < V)
+    tl.store(OUT + rr, tl.where(valid, xt - lse, 0.0), mask=ok)
+    tl.store(LSE + rr, lse, mask=ok)
+
+
+def fused_forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                  cfg: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp fp32 [R], lse fp32 [R]) without materialising logits.  ``cfg`` overrides FWD_CFG (benchmarks)."""
+    cfg = dict(FWD_CFG if cfg is None else cfg)
+    r, k = hidden.shape
+    v = weight.shape[0]
+    out = torch.empty(r, dtype=torch.float32, device=hidden.device)
+    lse = torch.empty(r, dtype=torch.float32, device=hidden.device)
+    if r == 0:
+        return out, lse
+    if v == 0:
+        raise ValueError("linear_logp: empty vocabulary")
+    n_chunks = triton.cdiv(v, cfg["VCHUNK"])
+    part = torch.empty(3, r, n_chunks, dtype=torch.float32, device=hidden.device)
+    warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    grid = (triton.cdiv(r, cfg["BM"]) * n_chunks,)
+    _fused_fwd_kernel[grid](hidden, weight, targets, part[0], part[1], part[2], r, v, loop_bound(k), n_chunks,
+                            hidden.stride(0), weight.stride(0), **cfg, EVEN_K=k % cfg["BK"] == 0,
+                            UPCAST=INTERPRET, num_warps=warps, num_stages=stages)
+    _combine_kernel[(triton.cdiv(r, _COMBINE_ROWS),)](part[0], part[1], part[2], targets, out, lse, r, v,
+                                                       loop_bound(n_chunks), BR=_COMBINE_ROWS, num_warps=4)
+    return out, lse
+
+
+@triton.jit
+def _dlogits_kernel(H, W, T, LSE, G, D, M, N, K, MB, v0, V,
+                    s_h, s_w, s_d,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                    EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    """D[M, N] = g (onehot(v0 + col == t) - exp(H @ W^T - lse)): invariant GEMM + element-wise epilogue."""
+    pid_m, pid_n = _tile_ids(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    am = tl.where(rm < M, rm, 0).to(tl.int64)
+    bn = tl.where(rn < N, rn, 0).to(tl.int64)
+    a_ptr = H + am[:, None] * s_h + rk[None, :]
+    b_ptr = W + bn[None, :] * s_w + rk[:, None]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        if EVEN_K:
+            a = tl.load(a_ptr)
+            b = tl.load(b_ptr)
+        else:
+            k_ok = (k0 + rk) < K
+            a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+        a_ptr += BK
+        b_ptr += BK
+    t = tl.load(T + am)
+    g = tl.load(G + am)
+    g = tl.where((t >= 0) & (t < V), g, 0.0)
+    lse = tl.load(LSE + am)
+    hit = (v0 + rn)[None, :] == t[:, None]
+    d = g[:, None] * (tl.where(hit, 1.0, 0.0) - tl.exp(acc - lse[:, None]))
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    d_ptr = D + rm.to(tl.int64)[:, None] * s_d + rn[None, :]
+    tl.store(d_ptr, cast_out(d, D.dtype.element_ty, UPCAST), mask=mask)
+
+
+_dlogits_tuned = triton.autotune(configs=_mm_configs(), key=["MB", "N", "K"],
+                                 prune_configs_by={"early_config_prune": _prune_mm},
+                                 warmup=5, rep=25)(_dlogits_kernel)
+
+
+def dlogits_chunk(hidden: torch.Tensor, w_chunk: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+                  g: torch.Tensor, v0: int, vocab: int) -> torch.Tensor:
+    """bf16 dlogits [S, chunk] of vocabulary columns v0 .. v0 + chunk - 1 (recomputed logits)."""
+    m, k = hidden.shape
+    n = w_chunk.shape[0]
+    d = torch.empty(m, n, dtype=hidden.dtype, device=hidden.device)
+    if m == 0 or n == 0:
+        return d
+    args = (hidden, w_chunk, targets, lse, g, d, m, n, loop_bound(k), m_bucket(m), v0, vocab,
+            hidden.stride(0), w_chunk.stride(0), d.stride(0))
+    if INTERPRET:
+        cfg = _CPU_DLOG
+        grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"]),)
+        _dlogits_kernel[grid](*args, **cfg, EVEN_K=k % cfg["BK"] == 0, UPCAST=True)
+    else:
+        def grid(meta):
+            return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
+        _dlogits_tuned[grid](*args, EVEN_K=k % 128 == 0, UPCAST=False)
+    return d
+
+
+class LinearLogpFn(torch.autograd.Function):
+    """Fused lm_head + selected logp; backward recomputes logits chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, rows, fold):
+        out, lse = fused_forward(hidden, weight, targets)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.rows, ctx.fold = rows, fold
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        g = g.float().contiguous()
+        r, k = hidden.shape
+        v = weight.shape[0]
+        src, n_pend, plan = (hidden, targets, lse, g), 0, None
+        if need_w:
+            if ctx.fold is None:
+                raise ValueError("linear_logp backward: weight requires grad but fold is None")
+            step = ctx.fold.take(ctx.rows, src)
+            if step.num_tiles > 0:
+                src = tuple(t.contiguous() for t in step.tensors)
+                n_pend, plan = src[0].shape[0] - r, step.plan
+        dh_acc = torch.zeros(r, k, dtype=torch.float32, device=hidden.device) if need_h else None
+        if plan is not None or (need_h and r > 0):
+            for v0 in range(0, v, BWD_VCHUNK):
+                w_c = weight[v0:v0 + BWD_VCHUNK]
+                d = dlogits_chunk(src[0], w_c, src[1], src[2], src[3], v0, v)
+                if dh_acc is not None:
+                    matmul_accumulate(d[n_pend:], w_c, dh_acc)
+                if plan is not None:
+                    dw_fold_raw(plan, src[0], d, ctx.fold.main_grad[v0:v0 + w_c.shape[0]])
+        dh = dh_acc.to(hidden.dtype) if dh_acc is not None else None
+        return dh, None, None, None, None
+
+
+def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: RowIdentity,
+                fold: CanonicalFold | None) -> torch.Tensor:
+    """logp[r] = z[r, t_r] - logsumexp_v z[r, v] with z = hidden @ weight^T; fp32 [R], batch-invariant."""
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear_logp: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)} "
+                         "do not match")
+    if targets.shape != (hidden.shape[0],) or rows.num_rows != hidden.shape[0]:
+        raise ValueError("linear_logp: targets and rows must have one entry per hidden row")
+    _check_fold(weight, fold, "linear_logp")
+    targets = targets.to(device=hidden.device, dtype=torch.int64).contiguous()
+    return LinearLogpFn.apply(hidden.contiguous(), weight.contiguous(), targets, rows, fold)

@@ -1,0 +1,123 @@
+"""Selected-token log-probability from logits: logp[r] = logits[r, t_r] - logsumexp(logits[r]).
+
+Why it is batch-invariant: each row walks the vocabulary in blocks of a FIXED size
+(``BLOCK_V``) in a fixed order with an online log-sum-exp, under a pinned launch configuration
+(block size and warp count do not depend on R), so the in-block ``tl.sum`` reduces every row in
+the same order whatever the batch.  The backward is element-wise (no reduction): any tiling.
+
+Targets outside [0, V) (e.g. -100 on pad rows) give logp 0 and a zero gradient.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from gradsweep.triton_kernels.gemm import cast_out, loop_bound
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Pinned forward configuration (a row's summation order follows BLOCK_V and the warps; never R).
+# ROWS rows per program share one 2-D block whose layout repeats row after row; the interpreter
+# takes many rows per program because its cost is per program.
+BLOCK_V = 4096
+FWD_WARPS = 8
+FWD_ROWS = 32 if INTERPRET else 1
+BWD_BLOCK_V = 512 if INTERPRET else 2048
+BWD_ROWS = 64 if INTERPRET else 1
+
+
+@triton.jit
+def _logp_fwd_kernel(L, T, OUT, LSE, R, V, s_l, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    rr = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = rr < R
+    r = tl.where(ok, rr, 0).to(tl.int64)
+    rows = L + r[:, None] * s_l
+    cols = tl.arange(0, BLOCK)
+    m = tl.full((ROWS,), float("-inf"), tl.float32)
+    s = tl.zeros((ROWS,), tl.float32)
+    for v0 in range(0, V, BLOCK):
+        live = (v0 + cols[None, :]) < V
+        x = tl.load(rows + v0 + cols[None, :], mask=live, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, 1))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), 1)
+        m = m_new
+    lse = m + tl.log(s)
+    t = tl.load(T + r)
+    hit = (t >= 0) & (t < V)
+    xt = tl.load(L + r * s_l + tl.where(hit, t, 0)).to(tl.float32)
+    tl.store(OUT + r, tl.where(hit, xt - lse, 0.0), mask=ok)
+    tl.store(LSE + r, lse, mask=ok)
+
+
+@triton.jit
+def _logp_bwd_kernel(L, T, LSE, G, D, R, V, s_l, s_d, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                     SOFT_RNE: tl.constexpr):
+    """dlogits[r, v] = g[r] * (onehot(v == t) - exp(l - lse)): element-wise, any tiling."""
+    rr = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = rr < R
+    r = tl.where(ok, rr, 0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = ok[:, None] & (cols[None, :] < V)
+    x = tl.load(L + r[:, None] * s_l + cols[None, :], mask=live, other=0.0).to(tl.float32)
+    t = tl.load(T + r)
+    g = tl.load(G + r)
+    g = tl.where((t >= 0) & (t < V), g, 0.0)
+    lse = tl.load(LSE + r)
+    d = g[:, None] * (tl.where(cols[None, :] == t[:, None], 1.0, 0.0) - tl.exp(x - lse[:, None]))
+    tl.store(D + r[:, None] * s_d + cols[None, :], cast_out(d, D.dtype.element_ty, SOFT_RNE), mask=live)
+
+
+def logp_forward(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp fp32 [R], lse fp32 [R]); logits [R, V] with unit column stride."""
+    r, v = logits.shape
+    out = torch.empty(r, dtype=torch.float32, device=logits.device)
+    lse = torch.empty(r, dtype=torch.float32, device=logits.device)
+    if r == 0:
+        return out, lse
+    if v == 0:
+        raise ValueError("selected_logp: empty vocabulary")
+    grid = (triton.cdiv(r, FWD_ROWS),)
+    _logp_fwd_kernel[grid](logits, targets, out, lse, r, loop_bound(v), logits.stride(0),
+                           ROWS=FWD_ROWS, BLOCK=BLOCK_V, num_warps=FWD_WARPS, num_stages=2)
+    return out, lse
+
+
+def logp_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+                  g: torch.Tensor) -> torch.Tensor:
+    """dlogits [R, V] in the logits dtype."""
+    r, v = logits.shape
+    d = torch.empty(r, v, dtype=logits.dtype, device=logits.device)
+    if r == 0 or v == 0:
+        return d
+    grid = (triton.cdiv(r, BWD_ROWS), triton.cdiv(v, BWD_BLOCK_V))
+    _logp_bwd_kernel[grid](logits, targets, lse, g.float().contiguous(), d, r, v, logits.stride(0),
+                           d.stride(0), ROWS=BWD_ROWS, BLOCK=BWD_BLOCK_V, SOFT_RNE=INTERPRET, num_warps=4)
+    return d
+
+
+class SelectedLogpFn(torch.autograd.Function):
+    """logp = logits[r, t] - logsumexp(logits[r]) (fp32); backward dlogits = g (onehot - softmax)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets):
+        out, lse = logp_forward(logits, targets)
+        ctx.save_for_backward(logits, targets, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        logits, targets, lse = ctx.saved_tensors
+        d = logp_backward(logits, targets, lse, g) if ctx.needs_input_grad[0] else None
+        return d, None
+
+
+def selected_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Batch-invariant selected-token log-prob, fp32 [R]; differentiable w.r.t. logits."""
+    if logits.dim() != 2 or targets.shape != (logits.shape[0],):
+        raise ValueError(f"selected_logp: logits {tuple(logits.shape)}, targets {tuple(targets.shape)}")
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    return SelectedLogpFn.apply(logits, targets.to(device=logits.device, dtype=torch.int64).contiguous())

@@ -1,0 +1,169 @@
+"""QK-norm: RMSNorm of every head of x [R, heads, head_dim] over head_dim, one shared weight [head_dim].
+
+Same scheme as rms_norm: forward and dx row-wise (TOK tokens per [TOK, heads, head_dim] block, a shape
+that depends on the feature sizes only); dweight reduces over the heads of a token (fixed
+order, pinned block) then over the TILE tokens of a canonical tile in slot order, and the per-tile
+partials are folded sequentially into fold.main_grad.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.triton_kernels._common import (
+    fold_partials,
+    folded_row_mask,
+    leftover_table,
+    own_rows_table,
+    pow2,
+    require_fold,
+    warps_for,
+)
+
+TILE: int = 32
+BWD_STAGES = 3  # software-pipelining depth of the backward's token loop (speed only, not bits)
+
+
+def _config(heads: int, head_dim: int) -> tuple[int, int, int, int]:
+    """Pinned (TOKENS per block, BLOCK_HEADS, BLOCK_D, num_warps): feature sizes only."""
+    bh, bd = pow2(heads), pow2(head_dim)
+    tok = max(1, min(TILE, 2048 // (bh * bd)))
+    return tok, bh, bd, warps_for(tok * bh * bd)
+
+
+@triton.jit
+def _qk_fwd_kernel(x_ptr, w_ptr, y_ptr, n_rows, NH, D, eps,
+                   TOK: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
+    h = tl.arange(0, BH)
+    d = tl.arange(0, BD)
+    m = (r < n_rows)[:, None, None] & ((h < NH)[:, None] & (d < D)[None, :])[None, :, :]
+    off = r[:, None, None] * NH * D + (h[:, None] * D + d[None, :])[None, :, :]
+    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=2) / D + eps)
+    y = x * rstd[:, :, None] * w[None, None, :]
+    tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _qk_bwd_kernel(work_ptr, x_ptr, dy_ptr, w_ptr, dx_ptr, part_ptr, n_carried, NH, D, eps,
+                   TILE: tl.constexpr, TOK: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
+                   STAGES: tl.constexpr, FOLD: tl.constexpr, STORE_DX: tl.constexpr):
+    """One work tile of TILE tokens (-1 = zero token): TOK tokens at a time, in slot order."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BH)
+    d = tl.arange(0, BD)
+    fm = ((h < NH)[:, None] & (d < D)[None, :])[None, :, :]
+    inner = (h[:, None] * D + d[None, :])[None, :, :]
+    w = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
+    acc = tl.zeros([TOK, BH, BD], dtype=tl.float32)
+    for j0 in tl.range(0, TILE, TOK, num_stages=STAGES):  # pipelined; a static unroll would spill
+        idx = tl.load(work_ptr + t * TILE + j0 + tl.arange(0, TOK)).to(tl.int64)
+        valid = (idx >= 0)[:, None, None]
+        m = fm & valid
+        off = tl.maximum(idx, 0)[:, None, None] * NH * D + inner
+        x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=2) / D + eps)
+        xhat = x * rstd[:, :, None]
+        if STORE_DX:
+            g = dy * w[None, None, :]
+            c = tl.sum(g * xhat, axis=2) / D
+            dx = rstd[:, :, None] * (g - xhat * c[:, :, None])
+            doff = tl.maximum(idx - n_carried, 0)[:, None, None] * NH * D + inner
+            own = (idx >= n_carried)[:, None, None]
+            tl.store(dx_ptr + doff, dx.to(dx_ptr.dtype.element_ty), mask=m & own)
+        if FOLD:
+            acc += dy * xhat
+    if FOLD:  # fixed order: lanes (token slot % TOK, head) accumulate in slot order, then summed once
+        tl.store(part_ptr + t * D + d, tl.sum(tl.sum(acc, axis=1), axis=0), mask=d < D)
+
+
+def qk_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-head RMSNorm forward launcher (no autograd)."""
+    n_rows, heads, head_dim = x.shape
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if y.numel() == 0:
+        return y
+    tok, bh, bd, warps = _config(heads, head_dim)
+    _qk_fwd_kernel[(triton.cdiv(n_rows, tok),)](x, weight.contiguous(), y, n_rows, heads, head_dim, float(eps),
+                                                TOK=tok, BH=bh, BD=bd, num_warps=warps)
+    return y
+
+
+def _launch_bwd(work: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tensor,
+                dx: torch.Tensor, partials: torch.Tensor, n_carried: int, eps: float, fold: bool,
+                store_dx: bool) -> None:
+    if work.shape[0] == 0:
+        return
+    _, heads, head_dim = x.shape
+    tok, bh, bd, warps = _config(heads, head_dim)
+    _qk_bwd_kernel[(work.shape[0],)](work, x, dy, weight, dx, partials, n_carried, heads, head_dim,
+                                     float(eps), TILE=TILE, TOK=tok, BH=bh, BD=bd, STAGES=BWD_STAGES,
+                                     FOLD=fold, STORE_DX=store_dx, num_warps=warps)
+
+
+def qk_norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, eps: float,
+                     rows: RowIdentity | None, fold: CanonicalFold | None,
+                     need_dx: bool = True) -> torch.Tensor | None:
+    """dx of this call's tokens; dweight folded into fold.main_grad in canonical order (no autograd)."""
+    n_rows, heads, head_dim = x.shape
+    dy = dy.contiguous()
+    dx = torch.empty_like(x) if need_dx else None
+    dx_arg = dx if dx is not None else x
+    empty = torch.empty(0, dtype=torch.float32, device=x.device)
+    if x.numel() == 0 and fold is None:
+        return dx
+    if fold is None:
+        if need_dx:
+            _launch_bwd(own_rows_table(n_rows, TILE, x.device), x, dy, weight, dx_arg, empty, 0, eps,
+                        False, True)
+        return dx
+    if rows is None or rows.num_rows != n_rows:
+        raise ValueError("qk_norm: rows must describe every token of x")
+    if fold.tile != TILE:
+        raise ValueError(f"qk_norm: fold.tile must be qk_norm.TILE={TILE}, got {fold.tile}")
+    first = fold.cursor
+    step = fold.take(rows, (x, dy))
+    src_x, src_dy = step.tensors
+    n_carried = src_x.shape[0] - n_rows
+    if heads and head_dim and step.num_tiles:
+        partials = torch.empty((step.num_tiles, head_dim), dtype=torch.float32, device=x.device)
+        _launch_bwd(step.plan, src_x, src_dy, weight, dx_arg, partials, n_carried, eps, True, need_dx)
+        fold_partials(partials, fold.main_grad.view(-1))
+    if need_dx and x.numel():
+        covered = folded_row_mask(rows, fold, first, step.num_tiles)
+        rest = leftover_table(np.nonzero(~covered)[0], n_carried, TILE, x.device)
+        if rest is not None:
+            _launch_bwd(rest, src_x, src_dy, weight, dx_arg, empty, n_carried, eps, False, True)
+    return dx
+
+
+class _QKNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, rows, fold):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.eps, ctx.rows, ctx.fold = eps, rows, fold
+        return qk_norm_forward(x, weight, eps)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        dx = qk_norm_backward(x, weight, dy, ctx.eps, ctx.rows, ctx.fold, need_dx=ctx.needs_input_grad[0])
+        return dx, None, None, None, None
+
+
+def qk_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentity,
+            fold: CanonicalFold | None) -> torch.Tensor:
+    """Per-head RMSNorm of x [R, heads, head_dim]; dweight goes into fold.main_grad (returned grad None)."""
+    if x.dim() != 3 or weight.shape != (x.shape[2],):
+        raise ValueError(f"qk_norm: expected x [R, heads, head_dim] and weight [head_dim], got "
+                         f"{tuple(x.shape)}, {tuple(weight.shape)}")
+    require_fold(fold, weight, "qk_norm")
+    return _QKNormFn.apply(x.contiguous(), weight, eps, rows, fold)
