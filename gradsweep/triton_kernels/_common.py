@@ -19,6 +19,9 @@ from gradsweep.canonical import CanonicalFold, RowIdentity
 # Read once, before any kernel below is decorated: TRITON_INTERPRET must be set before import.
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
 
+# Constexpr twin of INTERPRET for jit code: the interpreter's fp32 -> bf16 cast truncates.
+SOFT_RNE = tl.constexpr(INTERPRET)
+
 # Columns per program and tiles loaded ahead per loop step of the sequential fold (speed only: the
 # fold's arithmetic is acc = acc + partial[t] for t in order, whatever these are).
 FOLD_BLOCK = 32
@@ -146,3 +149,24 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (any NaN equals any NaN; +0 and -0 differ)."""
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
+
+
+@triton.jit
+def cast_out(x, dtype: tl.constexpr, SOFT_RNE: tl.constexpr):
+    """fp32 -> output dtype with round-to-nearest-even.
+
+    On the GPU the hardware conversion is RNE; the interpreter's own fp32->bf16 cast truncates, so
+    there (SOFT_RNE) bf16 is rounded with integer arithmetic (the classic +0x7FFF + lsb trick).
+    """
+    if SOFT_RNE and dtype == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = b + 0x7FFF + ((b >> 16) & 1)
+        return (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def to_out(x, dtype: tl.constexpr):
+    """Cast an fp32 result to an output pointer's dtype with round-to-nearest-even everywhere."""
+    return cast_out(x, dtype, SOFT_RNE)

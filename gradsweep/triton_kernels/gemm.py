@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, FoldStep, RowIdentity
+from gradsweep.triton_kernels._common import cast_out
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 TILE = 64  # canonical token tile of the dW fold (the fold kernel's K block equals it)
@@ -48,21 +49,6 @@ def m_bucket(m: int) -> int:
         if m <= b:
             return b
     return 4096
-
-
-@triton.jit
-def cast_out(x, dtype: tl.constexpr, SOFT_RNE: tl.constexpr):
-    """fp32 -> output dtype with round-to-nearest-even.
-
-    On the GPU the hardware conversion is RNE; the interpreter's own fp32->bf16 cast truncates, so
-    there (SOFT_RNE) bf16 is rounded with integer arithmetic (the classic +0x7FFF + lsb trick).
-    """
-    if SOFT_RNE and dtype == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = b + 0x7FFF + ((b >> 16) & 1)
-        return (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        return x.to(dtype)
 
 
 @triton.jit

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.triton_kernels.gemm import (
+    TILE,
     _check_fold,
     _mm_configs,
     _prune_mm,
@@ -38,6 +39,7 @@ from gradsweep.triton_kernels.gemm import (
 )
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+__all__ = ["TILE", "linear_logp"]
 # Pinned forward configuration (a row's log-sum-exp order follows it): never a function of R.
 FWD_CFG = ({"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 256, "num_warps": 4, "num_stages": 1} if INTERPRET else
            {"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 2048, "num_warps": 8, "num_stages": 3})

@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
-from gradsweep.triton_kernels.gemm import det_linear
+from gradsweep.triton_kernels.gemm import TILE, det_linear
+
+__all__ = ["TILE", "lm_head"]
 
 
 def lm_head(hidden: torch.Tensor, weight: torch.Tensor, rows: RowIdentity,

@@ -21,6 +21,7 @@ from gradsweep.triton_kernels._common import (
     own_rows_table,
     pow2,
     require_fold,
+    to_out,
     warps_for,
 )
 
@@ -47,7 +48,7 @@ def _qk_fwd_kernel(x_ptr, w_ptr, y_ptr, n_rows, NH, D, eps,
     w = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=2) / D + eps)
     y = x * rstd[:, :, None] * w[None, None, :]
-    tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + off, to_out(y, y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -77,7 +78,7 @@ def _qk_bwd_kernel(work_ptr, x_ptr, dy_ptr, w_ptr, dx_ptr, part_ptr, n_carried, 
             dx = rstd[:, :, None] * (g - xhat * c[:, :, None])
             doff = tl.maximum(idx - n_carried, 0)[:, None, None] * NH * D + inner
             own = (idx >= n_carried)[:, None, None]
-            tl.store(dx_ptr + doff, dx.to(dx_ptr.dtype.element_ty), mask=m & own)
+            tl.store(dx_ptr + doff, to_out(dx, dx_ptr.dtype.element_ty), mask=m & own)
         if FOLD:
             acc += dy * xhat
     if FOLD:  # fixed order: lanes (token slot % TOK, head) accumulate in slot order, then summed once

@@ -23,6 +23,7 @@ from gradsweep.triton_kernels._common import (
     own_rows_table,
     require_fold,
     row_config,
+    to_out,
 )
 
 TILE: int = 32
@@ -42,7 +43,7 @@ def _rms_fwd_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, eps,
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)
     y = x * rstd[:, None] * w[None, :]
-    tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + off, to_out(y, y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -76,7 +77,7 @@ def _rms_bwd_kernel(work_ptr, x_ptr, dy_ptr, w_ptr, dx_ptr, part_ptr, n_carried,
             dx = rstd[:, None] * (g - xhat * c[:, None])
             own = valid & (idx >= n_carried)
             doff = tl.maximum(idx - n_carried, 0)[:, None] * H + cols[None, :]
-            tl.store(dx_ptr + doff, dx.to(dx_ptr.dtype.element_ty), mask=own[:, None] & cmask[None, :])
+            tl.store(dx_ptr + doff, to_out(dx, dx_ptr.dtype.element_ty), mask=own[:, None] & cmask[None, :])
         if FOLD:
             acc += dy * xhat
     if FOLD:

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsweep.triton_kernels._common import pow2, warps_for
+from gradsweep.triton_kernels._common import pow2, to_out, warps_for
 
 STAGES = 3  # software-pipelining depth of the loop over heads (speed only, not bits)
 
@@ -47,8 +47,8 @@ def _rope_kernel(x_ptr, pos_ptr, y_ptr, n_rows, HALF, neg_log2_theta_over_half,
         off = base + h * (2 * HALF)
         x1 = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(x_ptr + off + HALF, mask=m, other=0.0).to(tl.float32)
-        tl.store(y_ptr + off, (x1 * c - x2 * s).to(y_ptr.dtype.element_ty), mask=m)
-        tl.store(y_ptr + off + HALF, (x2 * c + x1 * s).to(y_ptr.dtype.element_ty), mask=m)
+        tl.store(y_ptr + off, to_out((x1 * c - x2 * s), y_ptr.dtype.element_ty), mask=m)
+        tl.store(y_ptr + off + HALF, to_out((x2 * c + x1 * s), y_ptr.dtype.element_ty), mask=m)
 
 
 def rope_apply(x: torch.Tensor, positions: torch.Tensor, theta: float, inverse: bool = False) -> torch.Tensor:

@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gradsweep.triton_kernels._common import to_out
+
 BLOCK = 2048
 WARPS = 8
 
@@ -16,7 +18,7 @@ def _silu_fwd_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     m = off < n
     x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
     y = x / (1.0 + tl.exp(-x))
-    tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + off, to_out(y, y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -27,7 +29,7 @@ def _silu_bwd_kernel(x_ptr, dy_ptr, dx_ptr, n, BLOCK: tl.constexpr):
     dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
     s = 1.0 / (1.0 + tl.exp(-x))
     dx = dy * (s * (1.0 + x * (1.0 - s)))
-    tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
+    tl.store(dx_ptr + off, to_out(dx, dx_ptr.dtype.element_ty), mask=m)
 
 
 def silu_forward(x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gradsweep.triton_kernels._common import to_out
+
 BLOCK = 2048
 WARPS = 8
 
@@ -20,7 +22,7 @@ def _swiglu_fwd_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr):
     g = tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + off, mask=m, other=0.0).to(tl.float32)
     y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + off, to_out(y, y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -34,8 +36,8 @@ def _swiglu_bwd_kernel(g_ptr, u_ptr, dy_ptr, dg_ptr, du_ptr, n, BLOCK: tl.conste
     act = g * s
     dg = dy * u * (s * (1.0 + g * (1.0 - s)))
     du = dy * act
-    tl.store(dg_ptr + off, dg.to(dg_ptr.dtype.element_ty), mask=m)
-    tl.store(du_ptr + off, du.to(du_ptr.dtype.element_ty), mask=m)
+    tl.store(dg_ptr + off, to_out(dg, dg_ptr.dtype.element_ty), mask=m)
+    tl.store(du_ptr + off, to_out(du, du_ptr.dtype.element_ty), mask=m)
 
 
 def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
