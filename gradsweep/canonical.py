@@ -124,8 +124,10 @@ class CanonicalFold:
         if ((p < 0) | (p >= self.lengths[s])).any():
             raise ValueError("CanonicalFold: a row's position lies outside its sample")
         slots = (self._tile_base[s] + p // self.tile) * self.tile + p % self.tile
-        if self._seen[slots].any() or len(np.unique(slots)) != len(slots):
-            raise ValueError("CanonicalFold: a token reached the fold twice")
+        if len(slots):
+            lo = int(slots.min())
+            if self._seen[slots].any() or int(np.bincount(slots - lo).max()) > 1:
+                raise ValueError("CanonicalFold: a token reached the fold twice")
         return real, slots
 
     def take(self, rows: RowIdentity, tensors: Sequence[torch.Tensor]) -> FoldStep:
@@ -137,7 +139,11 @@ class CanonicalFold:
             raise ValueError("CanonicalFold: calls must pass the same row tensors")
         real, slots = self._slots(rows)
         self._seen[slots] = True
-        np.add.at(self._count, slots // self.tile, 1)
+        if len(slots):
+            tiles = slots // self.tile
+            lo_tile = int(tiles.min())
+            counts = np.bincount(tiles - lo_tile)
+            self._count[lo_tile:lo_tile + len(counts)] += counts
         incomplete = np.nonzero(self._count[self.cursor:] != self._expected[self.cursor:])[0]
         new_cursor = self.cursor + int(incomplete[0]) if len(incomplete) else self.total_tiles
 
@@ -162,7 +168,7 @@ class CanonicalFold:
         keep_rows = torch.as_tensor(row_index[keep], dtype=torch.int64, device=device)
         self._pending_slots = all_slots[keep]
         self._pending = tuple(t.index_select(0, keep_rows) for t in source) if keep.any() else None
-        step = FoldStep(torch.as_tensor(plan, device=device), source, self.cursor)
+        step = FoldStep(_to_device(plan, device), source, self.cursor)
         self.cursor = new_cursor
         return step
 
@@ -173,6 +179,14 @@ class CanonicalFold:
             raise ValueError(f"CanonicalFold: {missing} canonical tiles never completed: "
                              "some tokens of the step never reached the backward")
         return self.main_grad
+
+
+def _to_device(plan: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Upload a plan without stalling the host behind queued GPU work (pinned, non-blocking copy)."""
+    host = torch.from_numpy(plan)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def fold_reference(step: FoldStep, contribution: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
