@@ -18,6 +18,7 @@ import triton
 from triton.testing import do_bench
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.triton_kernels import gemm
 from gradsweep.triton_kernels import linear_logp as ll
 from gradsweep.triton_kernels import logp as lp
 from gradsweep.triton_kernels.gemm import TILE, det_linear, dw_fold_raw, matmul_invariant
@@ -80,6 +81,61 @@ def rnd(*shape, scale=1.0, dtype=torch.bfloat16):
     return (torch.randn(*shape, device="cuda") * scale).to(dtype)
 
 
+def gpu_time(fns) -> float:
+    """Device time per call (ms): a CUDA graph of 24 calls cycling over ``fns`` (distinct buffers, so
+    the weights are not served from L2), its replays timed with events; launch gaps vanish."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(24):
+            fns[i % len(fns)]()
+    g.replay()
+    torch.cuda.synchronize()
+    return do_bench(g.replay, warmup=10, rep=60, return_mode="median") / 24
+
+
+def host_time(fn, n: int = 300) -> float:
+    """Host time per call (ms): back-to-back launches without a sync (the GPU keeps up when its
+    work per call is shorter than the host's), then one sync."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e3 / n
+
+
+def launch_split() -> None:
+    """Small-M forward and dX: host time (fast launch on / off) vs device time (graph replay), vs cuBLAS."""
+    k = n = 4096
+    ws = [rnd(n, k, scale=0.02) for _ in range(4)]
+    for m in (1, 16, 256):
+        x = rnd(m, k)
+        for what, ours, ref in (
+                ("fwd", [lambda w=w, x=x: matmul_invariant(x, w) for w in ws], [lambda w=w, x=x: x @ w.T for w in ws]),
+                ("dX", [lambda w=w, x=x: matmul_invariant(x, w.t()) for w in ws],
+                 [lambda w=w, x=x: x @ w for w in ws])):
+            row = {"name": f"{what} M={m} N=K=4096 launch split"}
+            for fast in (True, False):
+                gemm.FAST_LAUNCH = fast
+                row[f"host_ms_fast{int(fast)}"] = host_time(ours[0])
+                row[f"do_bench_ms_fast{int(fast)}"] = bench(ours[0])
+            gemm.FAST_LAUNCH = True
+            row["gpu_ms"] = gpu_time(ours)
+            row["cublas_host_ms"] = host_time(ref[0])
+            row["cublas_gpu_ms"] = gpu_time(ref)
+            row["cublas_do_bench_ms"] = bench(ref[0])
+            row["gpu_ratio"] = row["gpu_ms"] / row["cublas_gpu_ms"]
+            RES["perf"].append(row)
+            print("  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{v}" for k, v in row.items()),
+                  flush=True)
+            save()
+
+
 def ceilings() -> None:
     x = torch.empty(2 ** 29, dtype=torch.bfloat16, device="cuda").normal_()  # 1 GiB
     y = torch.empty_like(x)
@@ -133,6 +189,25 @@ def dw_gemm() -> None:
         dw_fold_raw(plan, x, dy, mg)
         ref = dy.double().t() @ x.double()
         check(f"dW accuracy T={t}", True, rel_err=float((mg.double() - ref).norm() / ref.norm()))
+        # the same canonical tiles read from permuted storage: gather addresses change, bits must not
+        perm = torch.randperm(t, device="cuda")
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(t, device="cuda")
+        mg2 = torch.zeros_like(mg)
+        dw_fold_raw(inv.to(torch.int32).view(-1, TILE), x[perm], dy[perm], mg2)
+        check(f"dW bits: contiguous plan vs permuted storage T={t}", same_bits(mg, mg2))
+        # a packed plan (samples of odd lengths: partial tiles with -1 rows) at the same size
+        lengths, left = [], t
+        g = torch.Generator().manual_seed(t)
+        while left > 0:
+            n_s = min(left, int(torch.randint(100, 3000, (1,), generator=g)))
+            lengths.append(n_s)
+            left -= n_s
+        fold = CanonicalFold(torch.zeros(n, k, dtype=torch.float32, device="cuda"), lengths, TILE)
+        step = fold.take(RowIdentity.packed(lengths), (x, dy))
+        t_p = bench(lambda step=step, mg=mg, x=x, dy=dy: dw_fold_raw(step.plan, x, dy, mg))
+        perf(f"dW fold packed T={t} ({len(lengths)} samples, {step.num_tiles} tiles)", t_p, t_c,
+             "cuBLAS X^T dY", None)
 
 
 def logp_bench() -> None:
@@ -171,7 +246,8 @@ def linear_logp_bench() -> None:
     perf("lm_head GEMM (ours) R=4096 V=151936", t_ours_gemm, t_c, "cuBLAS", 1.10)
     t_f = bench(lambda: ll.fused_forward(h, w, tg))
     perf("linear_logp fwd R=4096 V=151936", t_f, t_c, "cuBLAS lm_head", 1.15)
-    for alt in ({"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 2048, "num_warps": 8, "num_stages": 3},
+    for alt in ({"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 2048, "num_warps": 8, "num_stages": 3},
+                {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 4096, "num_warps": 8, "num_stages": 3},
                 {"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 4096, "num_warps": 8, "num_stages": 4},
                 {"BM": 64, "BV": 256, "BK": 64, "VCHUNK": 2048, "num_warps": 4, "num_stages": 4}):
         try:
@@ -244,9 +320,19 @@ def invariance() -> None:
                   rel_err=float((full[:64].double() - ref).norm() / ref.norm()))
             dy = rnd(4096, n)
             dfull = matmul_invariant(dy, w.t())
+            ref = dy[:64].double() @ w.double()
+            check("dX accuracy (64 rows)", True, rel_err=float((dfull[:64].double() - ref).norm() / ref.norm()))
             for m in (1, 16, 256):
                 check(f"dX M-independence M={m}", same_bits(matmul_invariant(dy[:m], w.t()), dfull[:m]))
         del w, full
+    # unaligned dX (N = 509: no contiguity hint, strided operands) stays M-independent
+    w2, dy2 = rnd(600, 520, scale=0.02), rnd(4096, 600)
+    d_full = matmul_invariant(dy2[:, :500], w2[:500, :509].t())
+    for m in (1, 7, 256):
+        check(f"dX unaligned M-independence M={m}",
+              same_bits(matmul_invariant(dy2[:m, :500], w2[:500, :509].t()), d_full[:m]))
+    ref = dy2[:64, :500].double() @ w2[:500, :509].double()
+    check("dX unaligned accuracy", True, rel_err=float((d_full[:64].double() - ref).norm() / ref.norm()))
     # dW: B=N vs two chunked calls through det_linear's autograd
     lengths = [1000, 1500, 1596]
     rows = RowIdentity.packed(lengths)
@@ -277,11 +363,14 @@ def main() -> None:
                    "triton": triton.__version__, "cuda": torch.version.cuda}
     print(RES["meta"], flush=True)
     t0 = time.time()
-    for fn in (ceilings, invariance, forward_gemm, dx_gemm, dw_gemm, logp_bench, linear_logp_bench):
+    for fn in (ceilings, invariance, launch_split, forward_gemm, dx_gemm, dw_gemm, logp_bench, linear_logp_bench):
         if not only or fn.__name__ in only.split(","):
             section(fn)
             torch.cuda.empty_cache()
     RES["meta"]["wall_s"] = time.time() - t0
+    RES["meta"]["tuned"] = {
+        name: {str(k): [str(c), t.timings.get(k)] for k, c in t.best.items()}
+        for name, t in (("mm", gemm._MM), ("dw", gemm._DW), ("dlogits", ll._DLOGITS))}
     n_fail = sum(not c["pass"] for c in RES["checks"])
     print(f"checks: {len(RES['checks']) - n_fail} PASS, {n_fail} FAIL; errors: {len(RES['errors'])}")
     print("ratios:")

@@ -28,7 +28,7 @@ def _refused(tmp_path, mutate) -> str:
 
 def test_default_manifest_loads_and_enumerates_every_op():
     m = load_manifest(DEFAULT_MANIFEST)
-    assert set(m.ops) == set(BUILTIN_OPS) == set(all_ops())
+    assert set(m.ops) == set(BUILTIN_OPS) <= set(all_ops())
     assert len(m.cells()) == len({k.id for k in m.cells()})
     for op in all_ops().values():
         assert any(c.family == "torch" for c in op.candidates.values()), op.name

@@ -261,6 +261,26 @@ def test_m_independence_linear_logp():
     assert m_independent(dhidden, [h[:256], TB[:256], GB[:256]], ms=(1, 7, 64), alone=(-1,))
 
 
+def test_dw_fold_bits_follow_tiles_not_storage():
+    """One canonical tile sequence read from contiguous rows, from permuted storage, and with the
+    tiles' rows split between two calls' tensors: the same bits (the gather only moves addresses)."""
+    t = 4 * gemm.TILE
+    x, dy = gen(31, t, K), gen(32, t, N)
+    plan = torch.arange(t, dtype=torch.int32).view(-1, gemm.TILE)
+    plan[1, 40:] = -1  # a partial tile (a sample's last tile)
+    a = gemm.dw_fold_raw(plan, x, dy, MG0.clone())
+    perm = torch.randperm(t, generator=torch.Generator().manual_seed(33))
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(t)
+    plan_p = torch.where(plan >= 0, inv[plan.clamp(min=0).long()].int(), -1)
+    b = gemm.dw_fold_raw(plan_p, x[perm], dy[perm], MG0.clone())
+    c = gemm.dw_fold_raw(plan[2:], x, dy, gemm.dw_fold_raw(plan[:2], x, dy, MG0.clone()))
+    assert same(a, b) and same(a, c)
+    ref = MG0.double() + dy[plan[plan >= 0].long()].double().T @ x[plan[plan >= 0].long()].double()
+    assert ((a.double() - ref).abs() <= (t + 1) * EPS32 * (MG0.double().abs() + dy.double().abs().T
+                                                          @ x.double().abs())).all()
+
+
 # ---------------------------------------------------------------- planted defects are caught
 
 def test_planted_split_k_is_caught():

@@ -30,14 +30,14 @@ def bitwise_compare(a: torch.Tensor, b: torch.Tensor) -> BitwiseDiff:
     """Equal iff every element has identical bits, or both are NaN (any payload)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return BitwiseDiff(False, max(a.numel(), b.numel()), float("inf"), float("inf"))
-    a, b = a.detach().cpu(), b.detach().cpu()
+    a, b = a.detach(), b.detach().to(a.device)  # compared where they live: no host copy of big grads
     differ = raw_bits(a) != raw_bits(b)
     if a.is_floating_point():
         differ &= ~(torch.isnan(a) & torch.isnan(b))
     n = int(differ.sum())
     if n == 0:
         return BitwiseDiff(True, 0, 0.0, 0.0)
-    ad, bd = a.double(), b.double()
+    ad, bd = a[differ].double(), b[differ].double()
     diff = (ad - bd).abs()
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
     rel = diff / bd.abs().clamp(min=torch.finfo(torch.float64).tiny)
@@ -46,10 +46,10 @@ def bitwise_compare(a: torch.Tensor, b: torch.Tensor) -> BitwiseDiff:
 
 def normwise_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     """||c - r||_2 / ||r||_2 in float64 (inf when the candidate has a NaN/inf the reference lacks)."""
-    c = candidate.detach().double().cpu()
-    r = reference.detach().double().cpu()
-    if c.shape != r.shape:
+    if candidate.shape != reference.shape:
         return float("inf")
+    r = reference.detach().double()
+    c = candidate.detach().to(r.device).double()
     if not torch.isfinite(c).all():
         return float("inf")
     denom = float(torch.linalg.vector_norm(r))

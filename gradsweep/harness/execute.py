@@ -39,11 +39,22 @@ class LayoutRun:
     padded_calls: int = 0
 
 
+_PARAMS: dict[tuple, dict[str, torch.Tensor]] = {}
+
+
 def make_params(op: OpSpec, shape: Shape, workload: Workload, device: torch.device) -> dict[str, torch.Tensor]:
-    """Parameters from (seed, name), bf16 on the device."""
-    return {p.name: (workload.params(p.name, p.shape(shape), p.scale(shape), torch.float32, device)
-                     + p.offset).to(torch.bfloat16)
-            for p in op.params}
+    """Parameters from (seed, name), bf16 on the device (fresh tensors each call).
+
+    Drawing a 151936 x 4096 table takes seconds on the host, so a worker draws each one once.
+    """
+    key = (op.name, tuple(sorted(shape.items())), workload.seed, str(device))
+    if key not in _PARAMS:
+        if len(_PARAMS) >= 4:
+            _PARAMS.clear()
+        _PARAMS[key] = {p.name: (workload.params(p.name, p.shape(shape), p.scale(shape), torch.float32, "cpu")
+                                 + p.offset).to(torch.bfloat16).to(device)
+                        for p in op.params}
+    return {name: t.clone() for name, t in _PARAMS[key].items()}
 
 
 def make_inputs(op: OpSpec, shape: Shape, workload: Workload, rows: RowIdentity, device: torch.device,
@@ -132,10 +143,17 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
             outs_all += outs
             grads_all += grads
             pending.append((call.rows, inputs))
+    folded = set()
     if backward and op.backward_scope == "layout":
         torch.autograd.backward(outs_all, grads_all)
+        if candidate.folded_input_grads is not None:
+            for name, grad in candidate.folded_input_grads(state).items():
+                if grad.shape[0] != total:
+                    raise AdapterError(f"{name}: folded gradient has {grad.shape[0]} rows for {total} tokens")
+                logical[name], kinds[name] = grad.detach(), "gradient"
+                folded.add(name)
         for rows, inputs in pending:
-            _collect_input_grads(op, rows, inputs, workload, dest)
+            _collect_input_grads(op, rows, inputs, workload, dest, skip=folded)
     if backward:
         for spec in op.params:
             p = params[spec.name]
@@ -156,11 +174,15 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
 
 
 def _collect_input_grads(op: OpSpec, rows: RowIdentity, inputs: dict[str, torch.Tensor], workload: Workload,
-                         dest) -> None:
+                         dest, skip: set[str] = frozenset()) -> None:
     for spec in op.inputs:
         if not spec.grad:
             continue
         g = inputs[spec.name].grad
+        if spec.grad in skip:
+            if g is not None:
+                raise AdapterError(f"{spec.grad}: the kernel folded this gradient AND returned it through autograd")
+            continue
         if g is None:
             raise MissingBackward(spec.grad, f"input {spec.name} received no gradient")
         d, f = dest(spec.grad, "gradient", g)

@@ -10,7 +10,16 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, TokenInput, torch_candidate
+from gradsweep.ops.base import (
+    CallContext,
+    CallOutput,
+    Candidate,
+    OpSpec,
+    OutputSpec,
+    TokenInput,
+    kernel_module,
+    torch_candidate,
+)
 
 
 class AttentionShape(BaseModel):
@@ -104,6 +113,21 @@ def _real_kv(keys: torch.Tensor, vals: torch.Tensor, seg, span: tuple[int, int])
     return keys[keep], vals[keep]
 
 
+def _kernel(ctx: CallContext) -> CallOutput:
+    """The Triton kernel keeps a logical K/V store and folds dK/dV over query tiles across calls."""
+    mod = kernel_module("triton", "attention")
+    q = ctx.inputs["q"]
+    cache = ctx.state.get("cache")
+    if cache is None:
+        cache = ctx.state["cache"] = mod.AttentionCache(ctx.lengths, q.shape[1], q.shape[2], q.device)
+    return CallOutput({"o": mod.attention(q, ctx.inputs["k"], ctx.inputs["v"], ctx.rows, cache)})
+
+
+def _kernel_grads(state: dict) -> dict[str, torch.Tensor]:
+    dk, dv = state["cache"].finish()
+    return {"dK": dk, "dV": dv}
+
+
 OP = OpSpec(
     name="attention",
     description="causal attention per sample with a KV cache across calls; gradients dQ, dK, dV",
@@ -113,6 +137,8 @@ OP = OpSpec(
     params=(),
     outputs=(OutputSpec("o", _feature),),
     reference=_reference,
-    candidates=torch_candidate("attention", _stock),
+    candidates={**torch_candidate("attention", _stock),
+                "triton.attention": Candidate("triton.attention", "triton", _kernel,
+                                              folded_input_grads=_kernel_grads)},
     backward_scope="layout",
 )

@@ -99,6 +99,9 @@ class Candidate:
     param_grads: Literal["autograd", "fold"] = "autograd"
     fold_tiles: Callable[[], dict[str, int]] = field(default=lambda: {})
     requires: tuple[str, ...] = ()
+    # Input gradients a kernel folds across calls itself (attention's dK/dV over queries): after the
+    # layout's backward, ``folded_input_grads(state)`` returns them in logical token order by name.
+    folded_input_grads: Callable[[dict[str, Any]], dict[str, torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,24 @@ Why it is batch-invariant:
   accumulator initialised by LOADING main_grad and stored back: the same tiles in the same order
   whatever the batching, so B=N, N x B=1, chunked, padded and permuted calls give the same bits.
 
+Speed (issue 5, second pass):
+- the operand that is contiguous along N (W in dX, W chunks in linear_logp's dhidden) is indexed
+  ``rn % N`` with contiguity hints when N % 8 == 0, so its loads stay 16-byte async copies (a
+  ``where`` clamp there made them 2-byte loads and spilled);
+- the dW fold prefetches the next tile's row indices one iteration ahead, so the gather loads
+  are software-pipelined like a plain GEMM (an index load in the same iteration left 2 buffers
+  and a wait-all per step);
+- launches skip ``triton.autotune``: a config is tuned once per key (``Tuner``), then the
+  compiled kernel is called directly, keyed by everything Triton specialises on.
+
 Under ``TRITON_INTERPRET=1`` (CPU) every launch uses one pinned configuration and upcasts the
-operands of ``tl.dot`` to fp32 (the interpreter's bf16 dot is wrong); on the GPU configurations
-are autotuned per (M bucket, N, K) over shapes that all keep the K order.
+operands of ``tl.dot`` to fp32 (the interpreter's bf16 dot is wrong).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 
 import torch
 import triton
@@ -27,6 +37,8 @@ from gradsweep.triton_kernels._common import cast_out
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 TILE = 64  # canonical token tile of the dW fold (the fold kernel's K block equals it)
+# Call compiled kernels directly after the first launch of a specialisation (host time only).
+FAST_LAUNCH = os.environ.get("GRADSWEEP_FAST_LAUNCH", "1") == "1"
 
 # Pinned interpreter configuration (CPU): numpy's blocking must not vary between calls.
 # Large tiles: the interpreter's cost is per program, numpy vectorises inside a tile.
@@ -44,11 +56,95 @@ def loop_bound(n: int):
 
 
 def m_bucket(m: int) -> int:
-    """Autotune key for the row count: a few buckets, so a trainer's varying R retunes rarely."""
+    """Tuning key for the row count: a few buckets, so a trainer's varying R retunes rarely."""
     for b in (16, 64, 256, 1024):
         if m <= b:
             return b
     return 4096
+
+
+def _spec(args: Sequence) -> tuple:
+    """What Triton specialises a launch on: tensor dtype and 16-byte alignment; ints == 1, % 16, width."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif isinstance(a, bool) or a is None:
+            out.append(a)
+        elif isinstance(a, int):
+            out.append((a == 1, a % 16 == 0, -(2 ** 31) <= a < 2 ** 31, a < 2 ** 63))
+        else:
+            out.append(type(a))
+    return tuple(out)
+
+
+class Tuner:
+    """Config choice without ``triton.autotune``: time the candidates once per key, then launch fast.
+
+    Every candidate keeps the reduction order (tile shapes and warps only), so the choice is a
+    speed choice; ``scratch`` names an in-place argument that tuning runs must not disturb.
+    """
+
+    def __init__(self, fn, configs: Callable[[tuple], list[triton.Config]]):
+        self.fn = fn
+        self.configs = configs
+        params = getattr(fn, "params", None)  # the interpreter's function has none (never launched here)
+        self.const_names = [p.name for p in params if p.is_constexpr] if params else []
+        self.best: dict[tuple, triton.Config] = {}
+        self.compiled: dict[tuple, object] = {}
+        self.timings: dict[tuple, dict[str, float]] = {}
+
+    @staticmethod
+    def _meta(cfg: triton.Config, consts: dict, k_even: int | None) -> dict:
+        meta = {**cfg.kwargs, **consts}
+        if k_even is not None:  # EVEN_K follows the config's BK (loads unmasked when BK divides K)
+            meta["EVEN_K"] = k_even % meta["BK"] == 0
+        return meta
+
+    def _tune(self, key: tuple, grid: Callable, args: list, consts: dict, scratch: int | None,
+              k_even: int | None) -> triton.Config:
+        cands = self.configs(key)
+        if len(cands) == 1:
+            return cands[0]
+        targs = list(args)
+        if scratch is not None:
+            targs[scratch] = args[scratch].clone()
+        times = {}
+        for c in cands:
+            meta = self._meta(c, consts, k_even)
+
+            def run(c=c, meta=meta):
+                self.fn[grid(meta)](*targs, **meta, num_warps=c.num_warps, num_stages=c.num_stages)
+            try:
+                run()
+                times[c] = triton.testing.do_bench(run, warmup=5, rep=20, return_mode="median")
+            except Exception:  # out of shared memory or registers on this device: not a candidate
+                times[c] = float("inf")
+        self.timings[key] = {str(c): (round(t, 4) if t < float("inf") else None) for c, t in times.items()}
+        return min(times, key=times.get)
+
+    def __call__(self, key: tuple, grid: Callable, args: list, consts: dict, scratch: int | None = None,
+                 k_even: int | None = None) -> None:
+        """Launch with the key's config; ``scratch``: index of an in-place argument (cloned to tune)."""
+        cfg = self.best.get(key)
+        if cfg is None:
+            cfg = self.best[key] = self._tune(key, grid, args, consts, scratch, k_even)
+        meta = self._meta(cfg, consts, k_even)
+        g = (*grid(meta), 1, 1)[:3]  # a compiled kernel's launcher wants all three grid dimensions
+        if not FAST_LAUNCH:
+            self.fn[g](*args, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            return
+        skey = (key, tuple(meta.values()), _spec(args))
+        ck = self.compiled.get(skey)
+        if ck is None:
+            self.compiled[skey] = self.fn[g](*args, **meta, num_warps=cfg.num_warps,
+                                                 num_stages=cfg.num_stages)
+        else:
+            ck[g](*args, *[meta[n] for n in self.const_names])
+
+    def chosen(self) -> dict[str, str]:
+        """Chosen config per key (benchmark reports)."""
+        return {str(k): str(c) for k, c in self.best.items()}
 
 
 @triton.jit
@@ -63,23 +159,28 @@ def _tile_ids(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _mm_kernel(A, B, C, M, N, K, MB,
+def _mm_kernel(A, B, C, M, N, K,
                s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-               ACC_IN: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+               ACC_IN: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, HINT_N: tl.constexpr):
     """C[M,N] (+)= A[M,K] @ B[K,N]; one sequential K loop (no split-K), fp32 accumulator.
 
     ACC_IN: C is an fp32 accumulator loaded before the loop (reductions chained across calls
-    keep one sequential order).  MB is only an autotune key.
+    keep one sequential order).  Rows and columns past M / N wrap around (``% M``, ``% N``):
+    they read valid memory and are never stored.  HINT_N (B contiguous along N and N % 8 == 0):
+    every aligned group of 8 wrapped columns is still contiguous, so the hint lets the loads of B
+    be 16-byte async copies.
     """
     pid_m, pid_n = _tile_ids(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
-    am = tl.where(rm < M, rm, 0).to(tl.int64)  # clamp: rows past M read row 0, never stored
-    bn = tl.where(rn < N, rn, 0).to(tl.int64)
+    am = (rm % M).to(tl.int64)
+    bn = rn % N
+    if HINT_N:
+        bn = tl.max_contiguous(tl.multiple_of(bn, BN), BN)
     a_ptr = A + am[:, None] * s_am + rk[None, :] * s_ak
-    b_ptr = B + rk[:, None] * s_bk + bn[None, :] * s_bn
+    b_ptr = B + rk[:, None] * s_bk + bn.to(tl.int64)[None, :] * s_bn
     c_ptr = C + rm.to(tl.int64)[:, None] * s_cm + rn[None, :] * s_cn
     c_mask = (rm[:, None] < M) & (rn[None, :] < N)
     if ACC_IN:
@@ -103,32 +204,25 @@ def _mm_kernel(A, B, C, M, N, K, MB,
     tl.store(c_ptr, cast_out(acc, C.dtype.element_ty, UPCAST), mask=c_mask)
 
 
-def _mm_configs() -> list[triton.Config]:
-    """Candidate tiles (small, medium, large M); BK in {64, 128}, never a split of K."""
-    shapes = [  # (BM, BN, BK, warps, stages)
-        (16, 32, 128, 4, 5), (16, 64, 128, 4, 4), (16, 128, 128, 4, 4),
-        (64, 64, 64, 4, 5), (64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 64, 64, 4, 4),
-        (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
-    ]
+# (BM, BN, BK, warps, stages) per row bucket: a speed choice only (rows are tile-invariant).
+_MM_SHAPES = {
+    16: [(16, 32, 128, 4, 5), (16, 64, 128, 4, 4), (16, 32, 256, 4, 3), (32, 64, 128, 4, 4),
+         (16, 128, 128, 4, 4)],
+    64: [(64, 64, 64, 4, 5), (64, 128, 64, 4, 4), (64, 64, 128, 4, 4), (32, 64, 128, 4, 4)],
+    256: [(64, 128, 64, 4, 4), (128, 128, 64, 8, 4), (128, 64, 64, 4, 4), (64, 256, 64, 8, 3),
+          (64, 64, 128, 4, 4)],
+    1024: [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4)],
+    4096: [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3)],
+}
+
+
+def mm_configs(key: tuple) -> list[triton.Config]:
+    """Candidates for a (row bucket, ...) key: BK in {64, 128, 256}, never a split of K."""
     return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
-            for bm, bn, bk, w, s in shapes]
+            for bm, bn, bk, w, s in _MM_SHAPES[key[0]]]
 
 
-def _prune_mm(configs, named_args, **_):
-    """Keep the tiles that suit the row bucket (a speed choice only: rows are tile-invariant)."""
-    mb = named_args["MB"]
-    small = {(16, 32), (16, 64), (16, 128)}
-    mid = {(64, 64), (64, 128)}
-    big = {(64, 128), (128, 128), (128, 64), (64, 256)}
-    large = {(128, 256), (128, 128), (256, 128)}
-    want = small if mb <= 16 else mid if mb <= 64 else big if mb <= 256 else large
-    keep = [c for c in configs if (c.kwargs["BM"], c.kwargs["BN"]) in want]
-    return keep or configs
-
-
-_mm_tuned = triton.autotune(configs=_mm_configs(), key=["MB", "N", "K", "ACC_IN"],
-                            prune_configs_by={"early_config_prune": _prune_mm},
-                            restore_value=["C"], warmup=5, rep=25)(_mm_kernel)
+_MM = Tuner(_mm_kernel, mm_configs)
 
 
 def _launch_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_in: bool) -> torch.Tensor:
@@ -139,18 +233,19 @@ def _launch_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_in: bool
         return out
     if k == 0:
         return out if acc_in else out.zero_()
-    args = (a, b, out, m, n, loop_bound(k), m_bucket(m), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            out.stride(0), out.stride(1))
+    hint = b.stride(1) == 1 and n % 8 == 0
+    args = [a, b, out, m, n, loop_bound(k), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            out.stride(0), out.stride(1)]
     if INTERPRET:
         cfg = _CPU_MM
         grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"]),)
-        _mm_kernel[grid](*args, **cfg, ACC_IN=acc_in, EVEN_K=k % cfg["BK"] == 0, UPCAST=True)
-    else:
-        even = k % 128 == 0  # every candidate BK divides 128
+        _mm_kernel[grid](*args, **cfg, ACC_IN=acc_in, EVEN_K=k % cfg["BK"] == 0, UPCAST=True, HINT_N=hint)
+        return out
 
-        def grid(meta):
-            return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
-        _mm_tuned[grid](*args, ACC_IN=acc_in, EVEN_K=even, UPCAST=False)
+    def grid(meta):
+        return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
+    _MM((m_bucket(m), n, k, acc_in, hint, a.dtype, out.dtype, a.stride(1) == 1, b.stride(1) == 1), grid, args,
+        {"ACC_IN": acc_in, "UPCAST": False, "HINT_N": hint}, scratch=2 if acc_in else None, k_even=k)
     return out
 
 
@@ -178,6 +273,9 @@ def _dw_kernel(PLAN, X, DY, G, n_tiles, N, K,
     """G[N,K] (fp32, loaded first) += sum over plan tiles, in order, of DY[rows]^T @ X[rows].
 
     The reduction axis is the token axis: one canonical tile (BT tokens) per iteration, no split.
+    The next tile's row indices are loaded one iteration ahead (``nxt``): the gather loads then
+    depend on a loop-carried value, not on a load of the same iteration, and the compiler
+    pipelines them several stages deep like a plain GEMM.
     """
     pid_n, pid_k = _tile_ids(tl.program_id(0), tl.cdiv(N, BN), tl.cdiv(K, BK), GROUP_M)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -188,8 +286,11 @@ def _dw_kernel(PLAN, X, DY, G, n_tiles, N, K,
     g_ptr = G + rn.to(tl.int64)[:, None] * s_g + rk[None, :]
     g_mask = n_ok[:, None] & k_ok[None, :]
     acc = tl.load(g_ptr, mask=g_mask, other=0.0)  # main grad loaded BEFORE the fold
+    last = n_tiles - 1
+    nxt = tl.load(PLAN + rt)
     for t in range(0, n_tiles):
-        idx = tl.load(PLAN + t * BT + rt)
+        idx = nxt
+        nxt = tl.load(PLAN + tl.minimum(t + 1, last) * BT + rt)
         live = idx >= 0
         row = tl.where(live, idx, 0).to(tl.int64)
         dy = tl.load(DY + row[:, None] * s_dy + rn[None, :], mask=live[:, None] & n_ok[None, :], other=0.0)
@@ -201,14 +302,17 @@ def _dw_kernel(PLAN, X, DY, G, n_tiles, N, K,
     tl.store(g_ptr, acc, mask=g_mask)
 
 
-def _dw_configs() -> list[triton.Config]:
-    shapes = [(128, 128, 8, 4), (128, 256, 8, 3), (256, 128, 8, 3)]
+_DW_SHAPES = [(128, 256, 8, 3), (128, 256, 8, 4), (256, 128, 8, 3), (256, 128, 8, 4), (128, 128, 8, 4),
+              (128, 128, 4, 4)]
+
+
+def dw_configs(key: tuple) -> list[triton.Config]:
+    """dW candidates (BN, BK, warps, stages): output tiles only; the token order is the plan's."""
     return [triton.Config({"BN": bn, "BK": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
-            for bn, bk, w, s in shapes]
+            for bn, bk, w, s in _DW_SHAPES]
 
 
-_dw_tuned = triton.autotune(configs=_dw_configs(), key=["N", "K"], restore_value=["G"],
-                            warmup=5, rep=25)(_dw_kernel)
+_DW = Tuner(_dw_kernel, dw_configs)
 
 
 def dw_fold(step: FoldStep, main_grad: torch.Tensor, x_index: int = 0, dy_index: int = 1) -> torch.Tensor:
@@ -233,18 +337,22 @@ def dw_fold_raw(plan: torch.Tensor, x: torch.Tensor, dy: torch.Tensor,
     n_tiles, bt = plan.shape
     if n_tiles == 0 or n == 0 or k == 0:
         return main_grad
+    if x.stride(1) != 1 or dy.stride(1) != 1:
+        raise ValueError("dw_fold: X and dY must have contiguous rows")
     if bt < 16 or bt & (bt - 1):
         raise ValueError(f"dw_fold: the fold tile must be a power of two >= 16, got {bt}")
-    plan = plan.to(device=x.device, dtype=torch.int32).contiguous()
-    args = (plan, x, dy, main_grad, loop_bound(n_tiles), n, k, x.stride(0), dy.stride(0), main_grad.stride(0))
+    if plan.dtype != torch.int32 or plan.device != x.device or not plan.is_contiguous():
+        plan = plan.to(device=x.device, dtype=torch.int32).contiguous()
+    args = [plan, x, dy, main_grad, loop_bound(n_tiles), n, k, x.stride(0), dy.stride(0), main_grad.stride(0)]
     if INTERPRET:
         cfg = _CPU_DW
         grid = (triton.cdiv(n, cfg["BN"]) * triton.cdiv(k, cfg["BK"]),)
         _dw_kernel[grid](*args, **cfg, BT=bt, UPCAST=True)
-    else:
-        def grid(meta):
-            return (triton.cdiv(n, meta["BN"]) * triton.cdiv(k, meta["BK"]),)
-        _dw_tuned[grid](*args, BT=bt, UPCAST=False)
+        return main_grad
+
+    def grid(meta):
+        return (triton.cdiv(n, meta["BN"]) * triton.cdiv(k, meta["BK"]),)
+    _DW((n, k, bt, x.dtype, dy.dtype), grid, args, {"BT": bt, "UPCAST": False}, scratch=3)
     return main_grad
 
 
