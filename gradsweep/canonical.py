@@ -102,6 +102,9 @@ class CanonicalFold:
         tile_sample = np.repeat(np.arange(len(lengths)), tiles_per_sample)
         tile_in_sample = np.arange(self.total_tiles) - self._tile_base[tile_sample]
         self._expected = np.minimum(tile, lengths[tile_sample] - tile_in_sample * tile)
+        # slot of (sample s, position p) = (tile_base[s] + p // tile) * tile + p % tile = slot_base[s] + p
+        self._slot_base = self._tile_base[:-1] * tile
+        self._shift = tile.bit_length() - 1 if tile & (tile - 1) == 0 else None
         self._count = np.zeros(self.total_tiles, dtype=np.int64)
         self._seen = np.zeros(self.total_tiles * tile, dtype=bool)
         self.cursor = 0
@@ -116,14 +119,17 @@ class CanonicalFold:
     def _slots(self, rows: RowIdentity) -> tuple[np.ndarray, np.ndarray]:
         sample = rows.sample.cpu().numpy()
         position = rows.position.cpu().numpy()
-        real = np.nonzero(sample >= 0)[0]
-        s, p = sample[real], position[real]
-        if (s >= len(self.lengths)).any():
+        if len(sample) and int(sample.min()) >= 0:  # no pad rows: skip the gathers
+            real, s, p = np.arange(len(sample)), sample, position
+        else:
+            real = np.flatnonzero(sample >= 0)
+            s, p = sample[real], position[real]
+        if len(s) and int(s.max()) >= len(self.lengths):
             raise ValueError(f"CanonicalFold: sample id {int(s.max())} outside the step's "
                              f"{len(self.lengths)} samples")
         if ((p < 0) | (p >= self.lengths[s])).any():
             raise ValueError("CanonicalFold: a row's position lies outside its sample")
-        slots = (self._tile_base[s] + p // self.tile) * self.tile + p % self.tile
+        slots = self._slot_base[s] + p
         if len(slots):
             lo = int(slots.min())
             if self._seen[slots].any() or int(np.bincount(slots - lo).max()) > 1:
@@ -140,7 +146,7 @@ class CanonicalFold:
         real, slots = self._slots(rows)
         self._seen[slots] = True
         if len(slots):
-            tiles = slots // self.tile
+            tiles = slots >> self._shift if self._shift is not None else slots // self.tile
             lo_tile = int(tiles.min())
             counts = np.bincount(tiles - lo_tile)
             self._count[lo_tile:lo_tile + len(counts)] += counts
@@ -159,10 +165,11 @@ class CanonicalFold:
             source = tensors
         row_index = all_rows if n_pending else real
 
-        tile_of = all_slots // self.tile
-        ready = (tile_of >= self.cursor) & (tile_of < new_cursor)
-        plan = np.full((new_cursor - self.cursor, self.tile), -1, dtype=np.int32)
-        plan[tile_of[ready] - self.cursor, all_slots[ready] % self.tile] = row_index[ready]
+        first_slot, end_slot = self.cursor * self.tile, new_cursor * self.tile
+        ready = (all_slots >= first_slot) & (all_slots < end_slot)
+        plan = np.full((new_cursor - self.cursor) * self.tile, -1, dtype=np.int32)
+        plan[all_slots[ready] - first_slot] = row_index[ready]
+        plan = plan.reshape(new_cursor - self.cursor, self.tile)
 
         keep = ~ready
         keep_rows = torch.as_tensor(row_index[keep], dtype=torch.int64, device=device)
