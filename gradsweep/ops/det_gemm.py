@@ -1,4 +1,4 @@
-"""det_gemm: a linear layer y = x @ W.T; gradients dX and dW."""
+"""det_gemm: a linear layer y = x @ W.T; gradients dX and dW. ``linear_op`` also declares lm_head."""
 
 from __future__ import annotations
 
@@ -23,27 +23,31 @@ class GemmShape(BaseModel):
     out_features: PositiveInt = 80
 
 
-def _reference(inputs, params, shape, rows):
-    return {"y": inputs["x"] @ params["W"].T}
+def linear_op(name: str, description: str, shape_model: type[BaseModel], x: str, x_dim: str, grad: str,
+              y: str, y_dim: str, module: str, function: str) -> OpSpec:
+    """A linear op as data: input ``x`` [x_dim] -> output ``y`` [y_dim] through W [y_dim, x_dim]."""
+
+    def reference(inputs, params, shape, rows):
+        return {y: inputs[x] @ params["W"].T}
+
+    def stock(ctx: CallContext) -> CallOutput:
+        return CallOutput({y: F.linear(ctx.inputs[x], ctx.params["W"])})
+
+    def kernel(mod, ctx: CallContext) -> CallOutput:
+        return CallOutput({y: getattr(mod, function)(ctx.inputs[x], ctx.params["W"], ctx.rows, ctx.fold("W"))})
+
+    return OpSpec(
+        name=name,
+        description=description,
+        shape_model=shape_model,
+        inputs=(TokenInput(x, lambda s: (s[x_dim],), grad=grad),),
+        params=(ParamSpec("W", lambda s: (s[y_dim], s[x_dim]), grad="dW", scale=lambda s: s[x_dim] ** -0.5),),
+        outputs=(OutputSpec(y, lambda s: (s[y_dim],)),),
+        reference=reference,
+        candidates={**torch_candidate(name, stock),
+                    **kernel_candidates(name, module, kernel, families=("triton",), fold_params=("W",))},
+    )
 
 
-def _stock(ctx: CallContext) -> CallOutput:
-    return CallOutput({"y": F.linear(ctx.inputs["x"], ctx.params["W"])})
-
-
-def _kernel(mod, ctx: CallContext) -> CallOutput:
-    return CallOutput({"y": mod.det_linear(ctx.inputs["x"], ctx.params["W"], ctx.rows, ctx.fold("W"))})
-
-
-OP = OpSpec(
-    name="det_gemm",
-    description="linear layer x @ W.T; gradients dX and dW",
-    shape_model=GemmShape,
-    inputs=(TokenInput("x", lambda s: (s["in_features"],), grad="dX"),),
-    params=(ParamSpec("W", lambda s: (s["out_features"], s["in_features"]), grad="dW",
-                      scale=lambda s: s["in_features"] ** -0.5),),
-    outputs=(OutputSpec("y", lambda s: (s["out_features"],)),),
-    reference=_reference,
-    candidates={**torch_candidate("det_gemm", _stock),
-                **kernel_candidates("det_gemm", "gemm", _kernel, families=("triton",), fold_params=("W",))},
-)
+OP = linear_op("det_gemm", "linear layer x @ W.T; gradients dX and dW", GemmShape, "x", "in_features", "dX",
+               "y", "out_features", module="gemm", function="det_linear")

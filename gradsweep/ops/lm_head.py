@@ -1,20 +1,10 @@
-"""lm_head: hidden -> vocabulary logits; gradients dhidden and dW."""
+"""lm_head: hidden -> vocabulary logits; gradients dhidden and dW (the det_gemm machinery, vocab wide)."""
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import (
-    CallContext,
-    CallOutput,
-    OpSpec,
-    OutputSpec,
-    ParamSpec,
-    TokenInput,
-    kernel_candidates,
-    torch_candidate,
-)
+from gradsweep.ops.det_gemm import linear_op
 
 
 class LmHeadShape(BaseModel):
@@ -23,26 +13,5 @@ class LmHeadShape(BaseModel):
     vocab: PositiveInt = 300
 
 
-def _reference(inputs, params, shape, rows):
-    return {"logits": inputs["hidden"] @ params["W"].T}
-
-
-def _stock(ctx: CallContext) -> CallOutput:
-    return CallOutput({"logits": F.linear(ctx.inputs["hidden"], ctx.params["W"])})
-
-
-def _kernel(mod, ctx: CallContext) -> CallOutput:
-    return CallOutput({"logits": mod.lm_head(ctx.inputs["hidden"], ctx.params["W"], ctx.rows, ctx.fold("W"))})
-
-
-OP = OpSpec(
-    name="lm_head",
-    description="hidden -> vocab logits; gradients dhidden and dW",
-    shape_model=LmHeadShape,
-    inputs=(TokenInput("hidden", lambda s: (s["hidden"],), grad="dhidden"),),
-    params=(ParamSpec("W", lambda s: (s["vocab"], s["hidden"]), grad="dW", scale=lambda s: s["hidden"] ** -0.5),),
-    outputs=(OutputSpec("logits", lambda s: (s["vocab"],)),),
-    reference=_reference,
-    candidates={**torch_candidate("lm_head", _stock),
-                **kernel_candidates("lm_head", "lm_head", _kernel, families=("triton",), fold_params=("W",))},
-)
+OP = linear_op("lm_head", "hidden -> vocab logits; gradients dhidden and dW", LmHeadShape, "hidden", "hidden",
+               "dhidden", "logits", "vocab", module="lm_head", function="lm_head")
