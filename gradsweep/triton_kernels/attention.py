@@ -19,6 +19,7 @@ Why each piece looks the way it does:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,100 +47,95 @@ class AttnConfig:
     dq_bn: int = 64      # dQ key block
     dq_warps: int = 4
     dq_stages: int = 2
-    kv_bn: int = 64      # keys per dK / dV program
-    tile: int = 64       # canonical query tile of the dK / dV fold
-    kv_warps: int = 4
+    kv_bn: int = 128     # keys per dK / dV program
+    tile: int = 32       # canonical query tile of the dK / dV fold
+    kv_warps: int = 8
     kv_stages: int = 2
 
 
 GPU_CONFIG = AttnConfig()
 # Small blocks under the interpreter: short test samples still span several key blocks and tiles.
-INTERPRET_CONFIG = AttnConfig(bm=16, bn=16, fwd_warps=4, fwd_stages=1, dq_bm=16, dq_bn=16, dq_warps=4,
+INTERPRET_CONFIG = AttnConfig(bm=32, bn=16, fwd_warps=4, fwd_stages=1, dq_bm=32, dq_bn=16, dq_warps=4,
                               dq_stages=1, kv_bn=16, tile=32, kv_warps=4, kv_stages=1)
 DEFAULT_CONFIG = INTERPRET_CONFIG if INTERPRET else GPU_CONFIG
 
 
-# ----------------------------------------------------------------------------------------------- jit helpers
+# ----------------------------------------------------------------------------------------------- jit kernels
+# Loop bodies are written inline (no nested jit calls): the interpreter re-patches the language on every
+# nested call, which made the CI run ten times slower. Under the interpreter (UPCAST) every tl.dot runs on
+# FP32 operands (its bf16 dot is broken) and loops run to a constexpr bound (it cannot range() over a
+# runtime one), the extra iterations being exact no-ops. Values assigned inside an ``if`` become tensors in
+# the interpreter, hence the loop bounds as conditional expressions.
+
+
 @triton.jit
-def _mm(a, b, acc, UPCAST: tl.constexpr):
-    """acc + a @ b with an FP32 accumulator (FP32 operands under the interpreter: its bf16 dot is broken)."""
+def _bf16_round(x, UPCAST: tl.constexpr):
+    """FP32 -> bf16 with round-to-nearest-even; under the interpreter kept in FP32 storage (int64 lanes: the
+    interpreter checks every int32 add for overflow, which costs more than the rest of a block)."""
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        b = x.to(tl.uint32, bitcast=True).to(tl.int64)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        return b.to(tl.uint32).to(tl.float32, bitcast=True)
     else:
-        return tl.dot(a, b, acc)
-
-
-@triton.jit
-def _lowp(x, UPCAST: tl.constexpr):
-    """FP32 -> bf16 (round to nearest even everywhere), kept in FP32 storage under the interpreter."""
-    y = to_out(x, tl.bfloat16)
-    if UPCAST:
-        y = y.to(tl.float32)
-    return y
-
-
-@triton.jit
-def _fwd_block(q, m_i, l_i, acc, k_ptr, v_ptr, kbase, n0, pmax, pos, h, H, D, qk_scale,
-               BN: tl.constexpr, DP: tl.constexpr, UPCAST: tl.constexpr):
-    """One key block [n0, n0 + BN) of the online softmax; rows that see none of it keep their state."""
-    kpos = n0 + tl.arange(0, BN)
-    d = tl.arange(0, DP)
-    kmask = (kpos <= pmax)[:, None] & (d < D)[None, :]
-    koff = (kbase + kpos).to(tl.int64)[:, None] * (H * D) + h * D + d[None, :]
-    k = tl.load(k_ptr + koff, mask=kmask, other=0.0)
-    v = tl.load(v_ptr + koff, mask=kmask, other=0.0)
-    s = _mm(q, tl.trans(k), tl.zeros((q.shape[0], BN), tl.float32), UPCAST) * qk_scale
-    s = tl.where(kpos[None, :] <= pos[:, None], s, float("-inf"))
-    active = n0 <= pos
-    m_new = tl.maximum(m_i, tl.max(s, 1))       # tl.max is exact: any order gives the same value
-    m_use = tl.where(active, m_new, 0.0)
-    alpha = tl.exp2(m_i - m_use)
-    p = _lowp(tl.exp2(s - m_use[:, None]), UPCAST)
-    if UPCAST:
-        ones = tl.full((BN, 16), 1.0, tl.float32)
-    else:
-        ones = tl.full((BN, 16), 1.0, tl.bfloat16)
-    rs = tl.max(_mm(p, ones, tl.zeros((q.shape[0], 16), tl.float32), UPCAST), 1)  # row sum on the tensor core
-    l_new = l_i * alpha + rs
-    acc_new = _mm(p, v, acc * alpha[:, None], UPCAST)
-    m_i = tl.where(active, m_new, m_i)
-    l_i = tl.where(active, l_new, l_i)
-    acc = tl.where(active[:, None], acc_new, acc)
-    return m_i, l_i, acc
+        return x.to(tl.bfloat16)
 
 
 @triton.jit
 def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, prog_ptr, row_ptr, pos_ptr, H, D, qk_scale,
-                BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, STAGES: tl.constexpr,
+                HI: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, STAGES: tl.constexpr,
                 UPCAST: tl.constexpr):
-    """Program = up to BM rows of one sample (prog: first sorted row, count, store base, max position)."""
+    """Program = up to BM rows of one sample (prog: first sorted row, count, store base, max position).
+
+    Key blocks [n0, n0 + BN) from position 0 in order; a row that sees none of a block keeps its state
+    (select), so the block is a bitwise no-op for it whatever the program's other rows are.
+    """
     pid = tl.program_id(0)
     h = tl.program_id(1)
     first = tl.load(prog_ptr + pid * 4)
     cnt = tl.load(prog_ptr + pid * 4 + 1)
-    kbase = tl.load(prog_ptr + pid * 4 + 2)
+    kbase = tl.load(prog_ptr + pid * 4 + 2).to(tl.int64)
     pmax = tl.load(prog_ptr + pid * 4 + 3)
     i = tl.arange(0, BM)
     live = i < cnt
     r = tl.load(row_ptr + first + i, mask=live, other=0).to(tl.int64)
     pos = tl.load(pos_ptr + first + i, mask=live, other=-1)
     d = tl.arange(0, DP)
-    rmask = live[:, None] & (d < D)[None, :]
-    roff = r[:, None] * (H * D) + h * D + d[None, :]
+    dmask = (d < D)[None, :]
+    hoff = (h * D + d)[None, :]
+    rmask = live[:, None] & dmask
+    roff = (r * H * D)[:, None] + hoff
     q = tl.load(q_ptr + roff, mask=rmask, other=0.0)
+    jn = tl.arange(0, BN)
+    if UPCAST:
+        q = q.to(tl.float32)
+        ones = tl.full((BN, 16), 1.0, tl.float32)
+    else:
+        ones = tl.full((BN, 16), 1.0, tl.bfloat16)
     m_i = tl.full((BM,), float("-inf"), tl.float32)
     l_i = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, DP), tl.float32)
-    if UPCAST:
-        n0 = 0
-        while n0 <= pmax:  # the interpreter cannot range() over a runtime bound
-            m_i, l_i, acc = _fwd_block(q, m_i, l_i, acc, k_ptr, v_ptr, kbase, n0, pmax, pos, h, H, D,
-                                       qk_scale, BN, DP, UPCAST)
-            n0 += BN
-    else:
-        for n0 in tl.range(0, pmax + 1, BN, num_stages=STAGES):
-            m_i, l_i, acc = _fwd_block(q, m_i, l_i, acc, k_ptr, v_ptr, kbase, n0, pmax, pos, h, H, D,
-                                       qk_scale, BN, DP, UPCAST)
+    for n0 in tl.range(0, HI if UPCAST else pmax + 1, BN, num_stages=STAGES):
+        kmask = (jn <= pmax - n0)[:, None] & dmask
+        koff = ((kbase + n0 + jn) * H * D)[:, None] + hoff  # kbase is int64: no overflow
+        k = tl.load(k_ptr + koff, mask=kmask, other=0.0)
+        v = tl.load(v_ptr + koff, mask=kmask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        rel = pos - n0                                   # key j of the block is visible iff j <= rel
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(jn[None, :] <= rel[:, None], s, float("-inf"))
+        active = rel >= 0
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # tl.max is exact: any reduction order gives the same value
+        m_use = tl.where(active, m_new, 0.0)
+        alpha = tl.exp2(m_i - m_use)
+        p = _bf16_round(tl.exp2(s - m_use[:, None]), UPCAST)
+        rs = tl.max(tl.dot(p, ones), 1)  # the row sum through the tensor core (every column holds it)
+        l_new = l_i * alpha + rs
+        acc_new = tl.dot(p, v, acc * alpha[:, None])
+        m_i = tl.where(active, m_new, m_i)
+        l_i = tl.where(active, l_new, l_i)
+        acc = tl.where(active[:, None], acc_new, acc)
     l_safe = tl.where(live, l_i, 1.0)
     o = acc / l_safe[:, None]
     tl.store(o_ptr + roff, to_out(o, o_ptr.dtype.element_ty), mask=rmask)
@@ -159,123 +155,117 @@ def _delta_kernel(o_ptr, do_ptr, delta_ptr, n_rows, D, ROWS: tl.constexpr, DP: t
 
 
 @triton.jit
-def _dq_block(q, do, lse, delta, acc, k_ptr, v_ptr, kbase, n0, pmax, pos, h, H, D, qk_scale,
-              BN: tl.constexpr, DP: tl.constexpr, UPCAST: tl.constexpr):
-    """dQ contribution of one key block (unscaled); rows that see none of it keep their accumulator."""
-    kpos = n0 + tl.arange(0, BN)
-    d = tl.arange(0, DP)
-    kmask = (kpos <= pmax)[:, None] & (d < D)[None, :]
-    koff = (kbase + kpos).to(tl.int64)[:, None] * (H * D) + h * D + d[None, :]
-    k = tl.load(k_ptr + koff, mask=kmask, other=0.0)
-    v = tl.load(v_ptr + koff, mask=kmask, other=0.0)
-    zero = tl.zeros((q.shape[0], BN), tl.float32)
-    s = _mm(q, tl.trans(k), zero, UPCAST) * qk_scale
-    p = tl.exp2(tl.where(kpos[None, :] <= pos[:, None], s, float("-inf")) - lse[:, None])
-    dp = _mm(do, tl.trans(v), zero, UPCAST)
-    ds = _lowp(p * (dp - delta[:, None]), UPCAST)
-    acc_new = _mm(ds, k, acc, UPCAST)
-    return tl.where((n0 <= pos)[:, None], acc_new, acc)
-
-
-@triton.jit
 def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, prog_ptr, row_ptr, pos_ptr,
-               H, D, qk_scale, sm_scale, BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr,
-               STAGES: tl.constexpr, UPCAST: tl.constexpr):
-    """dQ of up to BM rows of one sample: the same key blocks as the forward, in the same order."""
+               H, D, qk_scale, sm_scale, HI: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               DP: tl.constexpr, STAGES: tl.constexpr, UPCAST: tl.constexpr):
+    """dQ of up to BM rows of one sample: key blocks from position 0 in order, p recomputed from lse."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     first = tl.load(prog_ptr + pid * 4)
     cnt = tl.load(prog_ptr + pid * 4 + 1)
-    kbase = tl.load(prog_ptr + pid * 4 + 2)
+    kbase = tl.load(prog_ptr + pid * 4 + 2).to(tl.int64)
     pmax = tl.load(prog_ptr + pid * 4 + 3)
     i = tl.arange(0, BM)
     live = i < cnt
     r = tl.load(row_ptr + first + i, mask=live, other=0).to(tl.int64)
     pos = tl.load(pos_ptr + first + i, mask=live, other=-1)
     d = tl.arange(0, DP)
-    rmask = live[:, None] & (d < D)[None, :]
-    roff = r[:, None] * (H * D) + h * D + d[None, :]
+    dmask = (d < D)[None, :]
+    hoff = (h * D + d)[None, :]
+    rmask = live[:, None] & dmask
+    roff = (r * H * D)[:, None] + hoff
     q = tl.load(q_ptr + roff, mask=rmask, other=0.0)
     do = tl.load(do_ptr + roff, mask=rmask, other=0.0)
     lse = tl.load(lse_ptr + r * H + h, mask=live, other=0.0)
     delta = tl.load(delta_ptr + r * H + h, mask=live, other=0.0)
-    acc = tl.zeros((BM, DP), tl.float32)
+    jn = tl.arange(0, BN)
     if UPCAST:
-        n0 = 0
-        while n0 <= pmax:
-            acc = _dq_block(q, do, lse, delta, acc, k_ptr, v_ptr, kbase, n0, pmax, pos, h, H, D, qk_scale,
-                            BN, DP, UPCAST)
-            n0 += BN
-    else:
-        for n0 in tl.range(0, pmax + 1, BN, num_stages=STAGES):
-            acc = _dq_block(q, do, lse, delta, acc, k_ptr, v_ptr, kbase, n0, pmax, pos, h, H, D, qk_scale,
-                            BN, DP, UPCAST)
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    acc = tl.zeros((BM, DP), tl.float32)
+    for n0 in tl.range(0, HI if UPCAST else pmax + 1, BN, num_stages=STAGES):
+        kmask = (jn <= pmax - n0)[:, None] & dmask
+        koff = ((kbase + n0 + jn) * H * D)[:, None] + hoff  # kbase is int64: no overflow
+        k = tl.load(k_ptr + koff, mask=kmask, other=0.0)
+        v = tl.load(v_ptr + koff, mask=kmask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        rel = pos - n0
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        p = tl.exp2(tl.where(jn[None, :] <= rel[:, None], s, float("-inf")) - lse[:, None])
+        dp = tl.dot(do, tl.trans(v))
+        ds = _bf16_round(p * (dp - delta[:, None]), UPCAST)
+        acc_new = tl.dot(ds, k, acc)
+        acc = tl.where((rel >= 0)[:, None], acc_new, acc)
     tl.store(dq_ptr + roff, to_out(acc * sm_scale, dq_ptr.dtype.element_ty), mask=rmask)
 
 
 @triton.jit
-def _kv_tile(k, v, dk, dv, kpos, kvalid, plan_ptr, q_ptr, do_ptr, lse_ptr, delta_ptr, t, qpos0, h, H, D,
-             qk_scale, sm_scale, TILE: tl.constexpr, DP: tl.constexpr, UPCAST: tl.constexpr):
-    """Add one canonical query tile's contribution to a key block's dK / dV (transposed scores)."""
-    idx = tl.load(plan_ptr + t.to(tl.int64) * TILE + tl.arange(0, TILE))
-    valid = idx >= 0
-    r = tl.maximum(idx, 0).to(tl.int64)
-    d = tl.arange(0, DP)
-    qmask = valid[:, None] & (d < D)[None, :]
-    qoff = r[:, None] * (H * D) + h * D + d[None, :]
-    q = tl.load(q_ptr + qoff, mask=qmask, other=0.0)
-    do = tl.load(do_ptr + qoff, mask=qmask, other=0.0)
-    lse = tl.load(lse_ptr + r * H + h, mask=valid, other=0.0)
-    delta = tl.load(delta_ptr + r * H + h, mask=valid, other=0.0)
-    qpos = qpos0 + tl.arange(0, TILE)
-    zero = tl.zeros((kpos.shape[0], TILE), tl.float32)
-    st = _mm(k, tl.trans(q), zero, UPCAST) * qk_scale
-    vis = (kpos[:, None] <= qpos[None, :]) & valid[None, :] & kvalid[:, None]
-    pt = tl.exp2(tl.where(vis, st, float("-inf")) - lse[None, :])
-    dv = _mm(_lowp(pt, UPCAST), do, dv, UPCAST)
-    dpt = _mm(v, tl.trans(do), zero, UPCAST)
-    dst = _lowp(pt * (dpt - delta[None, :]) * sm_scale, UPCAST)
-    dk = _mm(dst, q, dk, UPCAST)
-    return dk, dv
-
-
-@triton.jit
 def _dkdv_kernel(q_ptr, do_ptr, lse_ptr, delta_ptr, k_ptr, v_ptr, dk_ptr, dv_ptr, plan_ptr, work_ptr,
-                 H, D, qk_scale, sm_scale, BN: tl.constexpr, TILE: tl.constexpr, DP: tl.constexpr,
-                 STAGES: tl.constexpr, UPCAST: tl.constexpr):
+                 H, D, qk_scale, sm_scale, HI: tl.constexpr, BN: tl.constexpr, TILE: tl.constexpr,
+                 DP: tl.constexpr, STAGES: tl.constexpr, UPCAST: tl.constexpr):
     """One (key block, head): load FP32 dK / dV, add the step's tiles of its sample in order, store.
 
     work row: store token of the block's first key, valid keys, position of the first key, first and
-    end step tile, position of the first tile's slot 0 (a sample's tiles are consecutive).
+    end step tile, position of the first tile's slot 0 (a sample's tiles are consecutive). Scores are
+    computed transposed ([keys, queries]) so both updates are plain dots over the tile's rows.
     """
     w = tl.program_id(0)
     h = tl.program_id(1)
-    kbase = tl.load(work_ptr + w * 6)
+    kbase = tl.load(work_ptr + w * 6).to(tl.int64)
     klen = tl.load(work_ptr + w * 6 + 1)
     kpos0 = tl.load(work_ptr + w * 6 + 2)
-    t0 = tl.load(work_ptr + w * 6 + 3)
+    t0 = tl.load(work_ptr + w * 6 + 3).to(tl.int64)
     t1 = tl.load(work_ptr + w * 6 + 4)
     qpos0 = tl.load(work_ptr + w * 6 + 5)
     j = tl.arange(0, BN)
     kvalid = j < klen
-    kpos = kpos0 + j
     d = tl.arange(0, DP)
-    kmask = kvalid[:, None] & (d < D)[None, :]
-    koff = (kbase + j).to(tl.int64)[:, None] * (H * D) + h * D + d[None, :]
+    dmask = (d < D)[None, :]
+    hoff = (h * D + d)[None, :]
+    kmask = kvalid[:, None] & dmask
+    koff = ((kbase + j) * H * D)[:, None] + hoff
     k = tl.load(k_ptr + koff, mask=kmask, other=0.0)
     v = tl.load(v_ptr + koff, mask=kmask, other=0.0)
     dk = tl.load(dk_ptr + koff, mask=kmask, other=0.0)
     dv = tl.load(dv_ptr + koff, mask=kmask, other=0.0)
     if UPCAST:
-        t = t0
-        while t < t1:
-            dk, dv = _kv_tile(k, v, dk, dv, kpos, kvalid, plan_ptr, q_ptr, do_ptr, lse_ptr, delta_ptr, t,
-                              qpos0 + (t - t0) * TILE, h, H, D, qk_scale, sm_scale, TILE, DP, UPCAST)
-            t += 1
-    else:
-        for t in tl.range(t0, t1, num_stages=STAGES):
-            dk, dv = _kv_tile(k, v, dk, dv, kpos, kvalid, plan_ptr, q_ptr, do_ptr, lse_ptr, delta_ptr, t,
-                              qpos0 + (t - t0) * TILE, h, H, D, qk_scale, sm_scale, TILE, DP, UPCAST)
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    slot = tl.arange(0, TILE)
+    # key j sees query slot i of the it-th tile iff kpos0 + j <= qpos0 + it * TILE + i
+    diff = j[:, None] - slot[None, :]
+    shift = qpos0 - kpos0
+    lse_h = lse_ptr + h
+    delta_h = delta_ptr + h
+    plan_t = plan_ptr + t0 * TILE + slot
+    for it in tl.range(0, HI if UPCAST else t1 - t0, num_stages=STAGES):
+        idx = tl.load(plan_t + it * TILE, mask=t0 + it < t1, other=-1)
+        valid = idx >= 0
+        rr = tl.maximum(idx, 0).to(tl.int64)
+        qmask = valid[:, None] & dmask
+        qoff = (rr * H * D)[:, None] + hoff
+        q = tl.load(q_ptr + qoff, mask=qmask, other=0.0)
+        do = tl.load(do_ptr + qoff, mask=qmask, other=0.0)
+        lse = tl.load(lse_h + rr * H, mask=valid, other=0.0)
+        delta = tl.load(delta_h + rr * H, mask=valid, other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        st = tl.dot(k, tl.trans(q)) * qk_scale
+        vis = (diff <= shift + it * TILE) & valid[None, :] & kvalid[:, None]
+        pt = tl.exp2(tl.where(vis, st, float("-inf")) - lse[None, :])
+        dv_new = tl.dot(_bf16_round(pt, UPCAST), do, dv)
+        dpt = tl.dot(v, tl.trans(do))
+        dst = _bf16_round(pt * (dpt - delta[None, :]) * sm_scale, UPCAST)
+        dk_new = tl.dot(dst, q, dk)
+        if UPCAST:  # iterations past this program's tiles (constexpr loop bound) keep the accumulators
+            dk = tl.where(t0 + it < t1, dk_new, dk)
+            dv = tl.where(t0 + it < t1, dv_new, dv)
+        else:
+            dk = dk_new
+            dv = dv_new
     tl.store(dk_ptr + koff, dk, mask=kmask)
     tl.store(dv_ptr + koff, dv, mask=kmask)
 
@@ -296,10 +286,18 @@ class _Groups:
     prog: torch.Tensor     # int32 [n_prog, 4]: first sorted row, count, store base, max position
     row: torch.Tensor      # int32 [n_real]: physical row of each sorted row
     pos: torch.Tensor      # int32 [n_real]: its position
+    pmax: np.ndarray       # host copy of prog[:, 3] (descending)
 
-    @property
-    def num_programs(self) -> int:
-        return int(self.prog.shape[0])
+    def launches(self, bn: int) -> list[tuple[torch.Tensor, int]]:
+        """(program rows, HI) per launch: one launch on the GPU; under the interpreter one per key-block
+        count, so that no program runs many no-op blocks to a constexpr bound set by a longer one."""
+        if len(self.pmax) == 0:
+            return []
+        if not INTERPRET:
+            return [(self.prog, 0)]
+        blocks = self.pmax // bn + 1
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(blocks)) + 1, [len(blocks)]])
+        return [(self.prog[a:b], int(blocks[a]) * bn) for a, b in itertools.pairwise(cuts)]
 
 
 def _sorted_rows(rows: RowIdentity) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -315,7 +313,8 @@ def _groups(order: np.ndarray, s_sorted: np.ndarray, p_sorted: np.ndarray, start
     n = len(order)
     if n == 0:
         empty = np.zeros((0, 4), dtype=np.int32)
-        return _Groups(_upload(empty, device), _upload(order, device), _upload(p_sorted, device))
+        return _Groups(_upload(empty, device), _upload(order, device), _upload(p_sorted, device),
+                       np.zeros(0, dtype=np.int64))
     seg_first = np.concatenate([[0], np.flatnonzero(np.diff(s_sorted)) + 1])
     seg_end = np.concatenate([seg_first[1:], [n]])
     n_prog = (seg_end - seg_first + bm - 1) // bm
@@ -327,7 +326,7 @@ def _groups(order: np.ndarray, s_sorted: np.ndarray, p_sorted: np.ndarray, start
     pmax = p_sorted[first + count - 1]
     prog = np.stack([first, count, base, pmax], axis=1)
     prog = prog[np.argsort(-pmax, kind="stable")]  # longest programs first (load balance only)
-    return _Groups(_upload(prog, device), _upload(order, device), _upload(p_sorted, device))
+    return _Groups(_upload(prog, device), _upload(order, device), _upload(p_sorted, device), prog[:, 3].copy())
 
 
 class AttentionCache:
@@ -388,12 +387,11 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdentit
     dqg = fwd if cfg.dq_bm == cfg.bm else _groups(order, s_sorted, p_sorted, cache.starts, cfg.dq_bm, q.device)
     o = torch.zeros_like(q)
     lse = torch.zeros((n_rows, heads), dtype=torch.float32, device=q.device)
-    if fwd.num_programs and heads:
-        qk_scale = LOG2E / math.sqrt(dim)
-        _fwd_kernel[(fwd.num_programs, heads)](
-            q, cache.k, cache.v, o, lse, fwd.prog, fwd.row, fwd.pos, heads, dim, qk_scale,
-            BM=cfg.bm, BN=cfg.bn, DP=pow2(max(dim, 16)), STAGES=cfg.fwd_stages, UPCAST=INTERPRET,
-            num_warps=cfg.fwd_warps)
+    qk_scale = LOG2E / math.sqrt(dim)
+    for prog, hi in fwd.launches(cfg.bn) if heads else []:
+        _fwd_kernel[(prog.shape[0], heads)](
+            q, cache.k, cache.v, o, lse, prog, fwd.row, fwd.pos, heads, dim, qk_scale, HI=hi, BM=cfg.bm,
+            BN=cfg.bn, DP=pow2(max(dim, 16)), STAGES=cfg.fwd_stages, UPCAST=INTERPRET, num_warps=cfg.fwd_warps)
     return o, lse, fwd, dqg
 
 
@@ -444,27 +442,35 @@ def _launch_dkdv(cache: AttentionCache, step: FoldStep) -> None:
     q_src, do_src, lse_src, delta_src = step.tensors
     dim = cache.head_dim
     sm_scale = 1.0 / math.sqrt(dim)
-    _dkdv_kernel[(len(work), cache.heads)](
-        q_src, do_src, lse_src, delta_src, cache.k, cache.v, cache.dk, cache.dv, step.plan,
-        _upload(work, q_src.device), cache.heads, dim, sm_scale * LOG2E, sm_scale, BN=cfg.kv_bn,
-        TILE=cfg.tile, DP=pow2(max(dim, 16)), STAGES=cfg.kv_stages, UPCAST=INTERPRET, num_warps=cfg.kv_warps)
+    work_dev = _upload(work, q_src.device)
+    n_tiles = work[:, 4] - work[:, 3]  # descending
+    if INTERPRET:  # one launch per tile count (the interpreter's loop bound is a constexpr)
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(n_tiles)) + 1, [len(work)]])
+        launches = [(work_dev[a:b], int(n_tiles[a])) for a, b in itertools.pairwise(cuts)]
+    else:
+        launches = [(work_dev, 0)]
+    for rows_w, hi in launches:
+        _dkdv_kernel[(rows_w.shape[0], cache.heads)](
+            q_src, do_src, lse_src, delta_src, cache.k, cache.v, cache.dk, cache.dv, step.plan, rows_w,
+            cache.heads, dim, sm_scale * LOG2E, sm_scale, HI=hi, BN=cfg.kv_bn, TILE=cfg.tile,
+            DP=pow2(max(dim, 16)), STAGES=cfg.kv_stages, UPCAST=INTERPRET, num_warps=cfg.kv_warps)
 
 
 def _backward(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, rows: RowIdentity,
               cache: AttentionCache, dqg: _Groups, need_dq: bool) -> torch.Tensor | None:
     cfg = cache.config
-    n_rows, heads, dim = q.shape
+    _, heads, dim = q.shape
     do = do.contiguous()
     delta = _delta(o, do)
     dq = None
     if need_dq:
         dq = torch.zeros_like(q)
-        if dqg.num_programs and heads:
-            sm_scale = 1.0 / math.sqrt(dim)
-            _dq_kernel[(dqg.num_programs, heads)](
-                q, cache.k, cache.v, do, lse, delta, dq, dqg.prog, dqg.row, dqg.pos, heads, dim,
-                sm_scale * LOG2E, sm_scale, BM=cfg.dq_bm, BN=cfg.dq_bn, DP=pow2(max(dim, 16)),
-                STAGES=cfg.dq_stages, UPCAST=INTERPRET, num_warps=cfg.dq_warps)
+        sm_scale = 1.0 / math.sqrt(dim)
+        for prog, hi in dqg.launches(cfg.dq_bn) if heads else []:
+            _dq_kernel[(prog.shape[0], heads)](
+                q, cache.k, cache.v, do, lse, delta, dq, prog, dqg.row, dqg.pos, heads, dim, sm_scale * LOG2E,
+                sm_scale, HI=hi, BM=cfg.dq_bm, BN=cfg.dq_bn, DP=pow2(max(dim, 16)), STAGES=cfg.dq_stages,
+                UPCAST=INTERPRET, num_warps=cfg.dq_warps)
     step = cache.fold.take(rows, (q, do, lse, delta))
     _launch_dkdv(cache, step)
     return dq
