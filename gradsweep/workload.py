@@ -17,6 +17,7 @@ import torch
 from gradsweep.canonical import RowIdentity
 
 _MASK32 = 0xFFFFFFFF
+_CHUNK_ELEMENTS = 1 << 24  # elements hashed at once (int64 temporaries of 128 MiB)
 PAD_SAMPLE_KEY = 0x7FFF0000  # pads hash with this sample key and their physical row: garbage, never zero
 
 
@@ -83,15 +84,30 @@ class Workload:
         return torch.where(pad, PAD_SAMPLE_KEY + (-s), s), torch.where(pad, row, p)
 
     def values(self, stream: str, rows: RowIdentity, feature: Sequence[int], scale: float = 1.0,
-               device: torch.device | str = "cpu") -> torch.Tensor:
-        """float64 values of unit variance (times ``scale``), shape [R, *feature]."""
-        device = torch.device(device)
+               device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Values of unit variance (times ``scale``), shape [R, *feature], drawn in float64 then cast.
+
+        Drawn in row chunks: a [7217, 151936] logits input would otherwise need tens of GB of
+        int64 temporaries. Chunking changes no value (every element is hashed independently).
+        """
+        return self._draw(stream, rows, feature, scale, torch.device(device), dtype, None)
+
+    def _draw(self, stream: str, rows: RowIdentity, feature: Sequence[int], scale: float, device: torch.device,
+              dtype: torch.dtype, mask: torch.Tensor | None, denominator: int = 1) -> torch.Tensor:
         numel = 1
         for f in feature:
             numel *= int(f)
         s, p = self._keys(rows, device)
-        u = hashed_uniform(stream_key(self.seed, stream), s, p, numel)
-        return ((u * 2.0 - 1.0) * (3.0 ** 0.5) * scale).reshape(rows.num_rows, *feature)
+        key = stream_key(self.seed, stream)
+        out = torch.empty((rows.num_rows, numel), dtype=dtype, device=device)
+        step = max(1, _CHUNK_ELEMENTS // max(numel, 1))
+        for r0 in range(0, rows.num_rows, step):
+            u = hashed_uniform(key, s[r0:r0 + step], p[r0:r0 + step], numel)
+            v = (u * 2.0 - 1.0) * (3.0 ** 0.5) * scale
+            if mask is not None:
+                v = v * mask[r0:r0 + step, None] / denominator
+            out[r0:r0 + step] = v.to(dtype)
+        return out.reshape(rows.num_rows, *feature)
 
     def indices(self, stream: str, rows: RowIdentity, high: int,
                 device: torch.device | str = "cpu") -> torch.Tensor:
@@ -113,11 +129,11 @@ class Workload:
         return int(self.active_mask(self.logical_rows()).sum().clamp(min=1))
 
     def upstream(self, stream: str, rows: RowIdentity, feature: Sequence[int],
-                 device: torch.device | str = "cpu") -> torch.Tensor:
-        """Upstream gradient rows: values x loss mask / active-token denominator (float64)."""
-        g = self.values(f"grad:{stream}", rows, feature, device=device)
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Upstream gradient rows: values x loss mask / active-token denominator (float64 math, then cast)."""
+        device = torch.device(device)
         mask = self.active_mask(rows, device).to(torch.float64)
-        return g * mask.view(-1, *([1] * len(feature))) / self.active_denominator()
+        return self._draw(f"grad:{stream}", rows, feature, 1.0, device, dtype, mask, self.active_denominator())
 
     def params(self, name: str, shape: Sequence[int], scale: float, dtype: torch.dtype,
                device: torch.device | str) -> torch.Tensor:

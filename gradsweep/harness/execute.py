@@ -66,7 +66,7 @@ def make_inputs(op: OpSpec, shape: Shape, workload: Workload, rows: RowIdentity,
             out[spec.name] = workload.indices(f"in:{spec.name}", rows, spec.index_high(shape), device)
         else:
             out[spec.name] = workload.values(f"in:{spec.name}", rows, spec.feature(shape), spec.scale,
-                                             device).to(dtype)
+                                             device, dtype)
     return out
 
 
@@ -133,7 +133,7 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
                 if not t.requires_grad:
                     raise MissingBackward(spec.name, f"output {spec.name} of {candidate.impl_id} has no grad_fn")
                 outs.append(t)
-                grads.append(workload.upstream(spec.name, out_rows, spec.feature(shape), device).to(t.dtype))
+                grads.append(workload.upstream(spec.name, out_rows, spec.feature(shape), device, t.dtype))
         if not backward:
             continue
         if op.backward_scope == "call":
