@@ -24,12 +24,24 @@ from gradsweep.results import CellKey, CellResult, Status, TensorMetrics
 from gradsweep.workload import Workload
 
 _CACHE: dict[tuple, Any] = {}
+_CACHE_OP: list[tuple] = []
 
 
 def _cached(key: tuple, fn):
     if key not in _CACHE:
         _CACHE[key] = fn()
     return _CACHE[key]
+
+
+def _focus(ident: tuple) -> None:
+    """Keep cached baselines of one op only: a worker walks its cells op by op, and a vocab-wide op's
+    references and main grads take tens of GB of device memory that the next op needs back."""
+    if _CACHE_OP != [ident]:
+        for key in [k for k in _CACHE if k[0] in ("run", "ref")]:
+            del _CACHE[key]
+        _CACHE_OP[:] = [ident]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def clear_cache() -> None:
@@ -98,6 +110,7 @@ def run_cell(manifest: Manifest, key: CellKey, candidate: str | None = None) -> 
     device = resolve_device(prof.device)
     contract = _cached(("contract", str(manifest.contract_path)), lambda: load_contract(manifest.contract_path))
     ident = (str(manifest._source), manifest.name, key.op)
+    _focus(ident)
     try:
         base = _cached(("run", *ident, impl, str(device), REFERENCE_LAYOUT),
                        lambda: layout_run(manifest, op, cand, REFERENCE_LAYOUT, device))
