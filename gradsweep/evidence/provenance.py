@@ -34,6 +34,16 @@ class Provenance(BaseModel):
     driver: str | None = None
     git_commit: str | None = None
     git_dirty: bool | None = None
+    cuda_extension: dict[str, object] | None = None
+
+
+def _extension_build() -> dict[str, object] | None:
+    """Build facts of gradsweep._C as compiled (nvcc flags, arch list, cudart), or None if not built."""
+    try:
+        from gradsweep import _C  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return {str(k): (v if isinstance(v, (int, str)) else str(v)) for k, v in dict(_C.build_info()).items()}
 
 
 def _dist_version(name: str) -> str | None:
@@ -84,4 +94,5 @@ def collect_provenance(root: Path) -> Provenance:
     triton = _dist_version("triton")
     return Provenance(host=socket.gethostname(), platform=platform.platform(),
                       python=sys.version.split()[0], gradsweep=_dist_version("gradsweep"), triton=triton,
-                      git_commit=commit, git_dirty=dirty, **_torch_facts())  # type: ignore[arg-type]
+                      git_commit=commit, git_dirty=dirty, cuda_extension=_extension_build(),
+                      **_torch_facts())  # type: ignore[arg-type]

@@ -359,10 +359,17 @@ class AttentionCache:
         tok = self.starts[s_sorted] + p_sorted
         if self._written[tok].any():
             raise ValueError("attention: a token's K / V was written twice")
-        idx = torch.as_tensor(tok, device=self.device)
-        src = torch.as_tensor(order, device=self.device)
-        self.k.index_copy_(0, idx, k.index_select(0, src).to(torch.bfloat16))
-        self.v.index_copy_(0, idx, v.index_select(0, src).to(torch.bfloat16))
+        n = len(tok)
+        if tok[-1] - tok[0] == n - 1 and order[-1] - order[0] == n - 1 and (np.diff(tok) == 1).all() \
+                and (np.diff(order) == 1).all():  # rows already in logical order: a plain slice copy
+            t0, o0 = int(tok[0]), int(order[0])
+            self.k[t0:t0 + n].copy_(k[o0:o0 + n])
+            self.v[t0:t0 + n].copy_(v[o0:o0 + n])
+        else:
+            idx = torch.as_tensor(tok, device=self.device)
+            src = torch.as_tensor(order, device=self.device)
+            self.k.index_copy_(0, idx, k.index_select(0, src).to(torch.bfloat16))
+            self.v.index_copy_(0, idx, v.index_select(0, src).to(torch.bfloat16))
         self._written[tok] = True
         last = np.concatenate([np.flatnonzero(np.diff(s_sorted)), [len(s_sorted) - 1]])
         for s, p in zip(s_sorted[last], p_sorted[last]):
