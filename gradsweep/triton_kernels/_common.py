@@ -120,6 +120,47 @@ def _fold_kernel(part_ptr, acc_ptr, n_tiles, n_cols, BLOCK: tl.constexpr, UNROLL
     tl.store(acc_ptr + cols, acc, mask=cmask)
 
 
+def norm_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tensor, rows: RowIdentity | None,
+                  fold: CanonicalFold | None, tile: int, launch, need_dx: bool) -> torch.Tensor | None:
+    """The canonical-protocol backward shared by the row-normalising kernels (rms_norm, qk_norm).
+
+    ``launch(work, x, dy, dx=, partials=, n_carried=, fold=, store_dx=)`` runs the op's fused kernel over a
+    table of row indices: for a fold step it writes dx of its rows and one fp32 dweight partial per
+    tile; rows that no ready tile covers (pads, rows carried to a later call) get dx from a second
+    launch without partials. The partials are folded into fold.main_grad in canonical order.
+    """
+    n_rows = x.shape[0]
+    row_elems = int(np.prod(x.shape[1:]))
+    dy = dy.contiguous()
+    dx = torch.empty_like(x) if need_dx else None
+    dx_arg = dx if dx is not None else x
+    empty = torch.empty(0, dtype=torch.float32, device=x.device)
+    if fold is None:
+        if need_dx and x.numel():
+            launch(own_rows_table(n_rows, tile, x.device), x, dy, dx=dx_arg, partials=empty, n_carried=0,
+                   fold=False, store_dx=True)
+        return dx
+    if rows is None or rows.num_rows != n_rows:
+        raise ValueError(f"{op}: rows must describe every row of x")
+    if fold.tile != tile:
+        raise ValueError(f"{op}: fold.tile must be {op}.TILE={tile}, got {fold.tile}")
+    first = fold.cursor
+    step = fold.take(rows, (x, dy))
+    src_x, src_dy = step.tensors
+    n_carried = src_x.shape[0] - n_rows
+    if row_elems and step.num_tiles:
+        partials = torch.empty((step.num_tiles, weight.shape[0]), dtype=torch.float32, device=x.device)
+        launch(step.plan, src_x, src_dy, dx=dx_arg, partials=partials, n_carried=n_carried, fold=True,
+               store_dx=need_dx)
+        fold_partials(partials, fold.main_grad.view(-1))
+    if need_dx and x.numel():
+        covered = folded_row_mask(rows, fold, first, step.num_tiles)
+        rest = leftover_table(np.nonzero(~covered)[0], n_carried, tile, x.device)
+        if rest is not None:
+            launch(rest, src_x, src_dy, dx=dx_arg, partials=empty, n_carried=n_carried, fold=False, store_dx=True)
+    return dx
+
+
 def fold_partials(partials: torch.Tensor, acc: torch.Tensor) -> None:
     """Fold per-tile FP32 partials [n_tiles, C] into ``acc`` (flat C) in tile order, in place."""
     n_tiles, n_cols = partials.shape

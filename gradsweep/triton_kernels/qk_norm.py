@@ -8,17 +8,15 @@ partials are folded sequentially into fold.main_grad.
 
 from __future__ import annotations
 
-import numpy as np
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.triton_kernels._common import (
-    fold_partials,
-    folded_row_mask,
-    leftover_table,
-    own_rows_table,
+    norm_backward,
     pow2,
     require_fold,
     to_out,
@@ -114,36 +112,8 @@ def qk_norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, ep
                      rows: RowIdentity | None, fold: CanonicalFold | None,
                      need_dx: bool = True) -> torch.Tensor | None:
     """dx of this call's tokens; dweight folded into fold.main_grad in canonical order (no autograd)."""
-    n_rows, heads, head_dim = x.shape
-    dy = dy.contiguous()
-    dx = torch.empty_like(x) if need_dx else None
-    dx_arg = dx if dx is not None else x
-    empty = torch.empty(0, dtype=torch.float32, device=x.device)
-    if x.numel() == 0 and fold is None:
-        return dx
-    if fold is None:
-        if need_dx:
-            _launch_bwd(own_rows_table(n_rows, TILE, x.device), x, dy, weight, dx_arg, empty, 0, eps,
-                        False, True)
-        return dx
-    if rows is None or rows.num_rows != n_rows:
-        raise ValueError("qk_norm: rows must describe every token of x")
-    if fold.tile != TILE:
-        raise ValueError(f"qk_norm: fold.tile must be qk_norm.TILE={TILE}, got {fold.tile}")
-    first = fold.cursor
-    step = fold.take(rows, (x, dy))
-    src_x, src_dy = step.tensors
-    n_carried = src_x.shape[0] - n_rows
-    if heads and head_dim and step.num_tiles:
-        partials = torch.empty((step.num_tiles, head_dim), dtype=torch.float32, device=x.device)
-        _launch_bwd(step.plan, src_x, src_dy, weight, dx_arg, partials, n_carried, eps, True, need_dx)
-        fold_partials(partials, fold.main_grad.view(-1))
-    if need_dx and x.numel():
-        covered = folded_row_mask(rows, fold, first, step.num_tiles)
-        rest = leftover_table(np.nonzero(~covered)[0], n_carried, TILE, x.device)
-        if rest is not None:
-            _launch_bwd(rest, src_x, src_dy, weight, dx_arg, empty, n_carried, eps, False, True)
-    return dx
+    launch = functools.partial(_launch_bwd, weight=weight, eps=eps)
+    return norm_backward("qk_norm", x, dy, weight, rows, fold, TILE, launch, need_dx)
 
 
 class _QKNormFn(torch.autograd.Function):

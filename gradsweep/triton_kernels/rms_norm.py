@@ -10,17 +10,15 @@ their dx from a second launch of the same kernel that writes no partial.
 
 from __future__ import annotations
 
-import numpy as np
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.triton_kernels._common import (
-    fold_partials,
-    folded_row_mask,
-    leftover_table,
-    own_rows_table,
+    norm_backward,
     require_fold,
     row_config,
     to_out,
@@ -113,36 +111,8 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, e
                       rows: RowIdentity | None, fold: CanonicalFold | None,
                       need_dx: bool = True) -> torch.Tensor | None:
     """dx of this call's rows; dweight folded into fold.main_grad in canonical order (no autograd)."""
-    n_rows, hidden = x.shape
-    dy = dy.contiguous()
-    dx = torch.empty_like(x) if need_dx else None
-    dx_arg = dx if dx is not None else x
-    empty = torch.empty(0, dtype=torch.float32, device=x.device)
-    if fold is None:
-        if need_dx and n_rows and hidden:
-            _launch_bwd(own_rows_table(n_rows, TILE, x.device), x, dy, weight, dx_arg, empty, 0, eps,
-                        fold=False, store_dx=True)
-        return dx
-    if rows is None or rows.num_rows != n_rows:
-        raise ValueError("rms_norm: rows must describe every row of x")
-    if fold.tile != TILE:
-        raise ValueError(f"rms_norm: fold.tile must be rms_norm.TILE={TILE}, got {fold.tile}")
-    first = fold.cursor
-    step = fold.take(rows, (x, dy))
-    src_x, src_dy = step.tensors
-    n_carried = src_x.shape[0] - n_rows
-    if hidden and step.num_tiles:
-        partials = torch.empty((step.num_tiles, hidden), dtype=torch.float32, device=x.device)
-        _launch_bwd(step.plan, src_x, src_dy, weight, dx_arg, partials, n_carried, eps,
-                    fold=True, store_dx=need_dx)
-        fold_partials(partials, fold.main_grad.view(-1))
-    if need_dx and n_rows and hidden:
-        covered = folded_row_mask(rows, fold, first, step.num_tiles)
-        rest = leftover_table(np.nonzero(~covered)[0], n_carried, TILE, x.device)
-        if rest is not None:
-            _launch_bwd(rest, src_x, src_dy, weight, dx_arg, empty, n_carried, eps,
-                        fold=False, store_dx=True)
-    return dx
+    launch = functools.partial(_launch_bwd, weight=weight, eps=eps)
+    return norm_backward("rms_norm", x, dy, weight, rows, fold, TILE, launch, need_dx)
 
 
 class _RMSNormFn(torch.autograd.Function):
