@@ -8,36 +8,23 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from gradsweep.ops.base import (
     CallContext,
     CallOutput,
     Candidate,
+    HeadsShape,
     OpSpec,
     OutputSpec,
     TokenInput,
+    head_feature,
     kernel_module,
     torch_candidate,
 )
 
 
-class AttentionShape(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    heads: PositiveInt = 3
-    head_dim: PositiveInt = 32
-    hidden: PositiveInt | None = None
-
-    @model_validator(mode="after")
-    def _hidden_matches(self) -> AttentionShape:
-        if self.hidden is not None and self.hidden != self.heads * self.head_dim:
-            raise ValueError(f"hidden {self.hidden} != heads {self.heads} x head_dim {self.head_dim}; "
-                             "make head_dim = hidden / heads")
-        return self
-
-
-def _feature(s):
-    return (s["heads"], s["head_dim"])
+class AttentionShape(HeadsShape):
+    """heads x head_dim (and hidden, if given, must be their product)."""
 
 
 def _reference(inputs, params, shape, rows):
@@ -132,10 +119,10 @@ OP = OpSpec(
     name="attention",
     description="causal attention per sample with a KV cache across calls; gradients dQ, dK, dV",
     shape_model=AttentionShape,
-    inputs=(TokenInput("q", _feature, grad="dQ"), TokenInput("k", _feature, grad="dK"),
-            TokenInput("v", _feature, grad="dV")),
+    inputs=(TokenInput("q", head_feature, grad="dQ"), TokenInput("k", head_feature, grad="dK"),
+            TokenInput("v", head_feature, grad="dV")),
     params=(),
-    outputs=(OutputSpec("o", _feature),),
+    outputs=(OutputSpec("o", head_feature),),
     reference=_reference,
     candidates={**torch_candidate("attention", _stock),
                 "triton.attention": Candidate("triton.attention", "triton", _kernel,

@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.layouts import LAYOUT_NAMES, Call
@@ -20,6 +20,27 @@ from gradsweep.layouts import LAYOUT_NAMES, Call
 Shape = dict[str, Any]
 Family = Literal["torch", "triton", "cuda"]
 ROW_LAYOUTS: tuple[str, ...] = LAYOUT_NAMES
+
+
+class HeadsShape(BaseModel):
+    """Shape of a per-head op: heads x head_dim, checked against hidden when that is given too."""
+
+    model_config = ConfigDict(extra="forbid")
+    heads: PositiveInt = 3
+    head_dim: PositiveInt = 32
+    hidden: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _hidden_matches(self) -> HeadsShape:
+        if self.hidden is not None and self.hidden != self.heads * self.head_dim:
+            raise ValueError(f"hidden {self.hidden} != heads {self.heads} x head_dim {self.head_dim}; "
+                             "make head_dim = hidden / heads")
+        return self
+
+
+def head_feature(shape: Shape) -> tuple[int, ...]:
+    """Per-row shape [heads, head_dim] of a per-head tensor."""
+    return (shape["heads"], shape["head_dim"])
 
 
 @dataclass(frozen=True)
