@@ -1,6 +1,7 @@
 """The ``gradsweep`` command line: a thin Typer layer over gradsweep.sweep, .evidence and .report.
 
-Run as ``gradsweep ...`` (console script) or ``python -m gradsweep.cli ...``.
+Run as ``gradsweep ...`` (console script) or ``python -m gradsweep.cli ...``. Every user error is
+one ``gradsweep: error: ...`` line on stderr with a documented exit code, never a traceback.
 """
 
 from __future__ import annotations
@@ -8,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -21,6 +23,7 @@ from gradsweep.sweep.tally import EXIT_FAIL, EXIT_USAGE
 
 EXIT_STALE = 4
 EXIT_INTERRUPTED = 130
+WIDE = 10_000  # a console that is not a terminal never truncates a table
 
 EXIT_CODES_HELP = """
 Exit codes of sweep, merge and check: 0 every non-skipped cell green or blocked (tracked reds allowed);
@@ -28,16 +31,60 @@ Exit codes of sweep, merge and check: 0 every non-skipped cell green or blocked 
 2 bad usage, manifest or input (one line on stderr, nothing written); 3 nothing could run (every cell
 blocked or skipped); 130 interrupted (partial results kept for --resume).
 verify: 0 valid and fresh; 1 bad signature, untrusted key or malformed evidence; 2 bad usage;
-4 valid but stale for the current source tree (0 with --allow-stale). diff: 1 when there is a regression.
+4 valid but stale: an input of the verdicts (source tree, manifest, contract, tracked reds, built
+extension) differs from this checkout (0 with --allow-stale).
+report and diff: 1 when the evidence does not verify (unless --allow-unverified); diff: 1 on a regression
+or lost coverage. Any command: 1 on an unexpected internal error (one line; GRADSWEEP_DEBUG=1 shows the
+traceback).
 """
 
-app = typer.Typer(name="gradsweep", no_args_is_help=True, pretty_exceptions_enable=False,
-                  add_completion=False,
-                  help="Prove LLM kernels batch-invariant and accurate, cell by cell, as signed evidence.\n\n"
-                       + EXIT_CODES_HELP)
 
-out_console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+def _version() -> str:
+    from gradsweep.sweep.assemble import generator_name
+
+    return generator_name()
+
+
+class _App(typer.Typer):
+    """The Typer app, with unexpected exceptions turned into one line (GRADSWEEP_DEBUG=1 re-raises)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            if os.environ.get("GRADSWEEP_DEBUG"):
+                raise
+            sys.stderr.write(f"gradsweep: error: internal error: {type(exc).__name__}: {one_line(exc)} "
+                             "(GRADSWEEP_DEBUG=1 shows the traceback)\n")
+            sys.exit(EXIT_FAIL)
+
+
+app = _App(name="gradsweep", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+           rich_markup_mode=None,  # plain click help: readable metavars, never truncated
+           help="Prove LLM kernels batch-invariant and accurate, cell by cell, as signed evidence.\n\n"
+                + EXIT_CODES_HELP)
+
+
+def make_console(file: Any = None, stderr: bool = False) -> Console:
+    """A terminal console, or a wide plain one for pipes and files (tables are never truncated)."""
+    target = file if file is not None else (sys.stderr if stderr else sys.stdout)
+    if target.isatty():
+        return Console(file=file, stderr=stderr, highlight=False, soft_wrap=True)
+    return Console(file=file, stderr=stderr, highlight=False, soft_wrap=True, width=WIDE, color_system=None)
+
+
+class _LazyConsole:
+    """Resolve the console at use, so a redirected stdout (tests, pipes) is seen as it is then."""
+
+    def __init__(self, stderr: bool):
+        self.stderr = stderr
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(make_console(stderr=self.stderr), name)
+
+
+out_console: Any = _LazyConsole(stderr=False)
+err_console: Any = _LazyConsole(stderr=True)
 
 
 def say(message: str) -> None:
@@ -46,82 +93,136 @@ def say(message: str) -> None:
 
 def fail(message: object, code: int = EXIT_USAGE) -> NoReturn:
     """One line on stderr naming the problem, then exit."""
-    err_console.print(f"gradsweep: error: {one_line(message)}", markup=False, soft_wrap=True)
+    sys.stderr.write(f"gradsweep: error: {one_line(message)}\n")
     raise typer.Exit(code)
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(_version() + "\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """Prove LLM kernels batch-invariant and accurate, cell by cell, as signed evidence."""
+
+
+# Options shared by several commands: one spelling, one metavar, one help text each.
 CellFnOpt = Annotated[str, typer.Option("--cell-fn", envvar="GRADSWEEP_CELL_FN", hidden=True,
-                                        help="module:function run for each cell (tests plant fakes)")]
+                                        help="module:function run for each cell (tests plant fakes; recorded "
+                                             "and flagged by verify and report)")]
 LoaderOpt = Annotated[str, typer.Option("--manifest-loader", envvar="GRADSWEEP_MANIFEST_LOADER", hidden=True,
-                                        help="module:function that loads a manifest (tests plant fakes)")]
-TreeOpt = Annotated[Path | None, typer.Option("--tree", hidden=True,
-                                              help="source tree to digest (default: this checkout)")]
+                                        help="module:function that loads a manifest (tests plant fakes; "
+                                             "recorded and flagged)")]
+TreeOpt = Annotated[Path | None, typer.Option("--tree", hidden=True, metavar="DIR",
+                                              help="checkout to digest and compare (default: this one)")]
 TrustedOpt = Annotated[list[Path] | None, typer.Option(
-    "--trusted-key", help="trusted public key (PEM); repeatable. Default: your key's .pub.pem and "
-                          "evidence/keys/*.pub.pem")]
-
-
+    "--trusted-key", metavar="PUB", help="ad-hoc override: trust exactly this public key (PEM, repeatable) for "
+                                         "any manifest instead of the trust file")]
+TrustFileOpt = Annotated[Path | None, typer.Option(
+    "--trust-file", metavar="YAML", help="trust file (default: evidence/trust.yaml of this checkout)")]
+AllowUnverifiedOpt = Annotated[bool, typer.Option(
+    "--allow-unverified", help="read evidence whose signature does not verify, under an UNVERIFIED banner")]
+AllowPluginsOpt = Annotated[bool, typer.Option(
+    "--allow-plugins", help="import the plugin modules the manifest names (code; refused without this flag)")]
+RerunsOpt = Annotated[int | None, typer.Option(
+    "--reruns", metavar="N", help="re-run the reference layout N times to detect nondeterminism "
+                                  "(default: the manifest's reruns, else 1)")]
+StrictOpt = Annotated[bool, typer.Option("--strict", help="blocked cells and stale tracked entries fail")]
+KeyOpt = Annotated[Path | None, typer.Option(
+    "--key", metavar="PEM", help="Ed25519 signing key; default $GRADSWEEP_KEY, else "
+                                 "~/.config/gradsweep/signing-key.pem (created on first use)")]
+ManifestOpt = Annotated[Path | None, typer.Option("--manifest", metavar="YAML",
+                                                  help="manifest (default: manifests/default.yaml)")]
 Names = list[str] | None
 OptPath = Path | None
-ManifestArg = Annotated[OptPath, typer.Argument(help="manifest YAML (default: manifests/default.yaml)")]
-OutOpt = Annotated[OptPath, typer.Option(
-    "--out", "-o", help="evidence file (default: out/<manifest name>[.shard-K-of-N].evidence.json)")]
-KeyOpt = Annotated[OptPath, typer.Option(
-    help="Ed25519 signing key (PEM); default $GRADSWEEP_KEY, else ~/.config/gradsweep/signing-key.pem "
-         "(created on first use)")]
-TrackedFileOpt = Annotated[OptPath, typer.Option(
-    "--tracked", help="tracked reds file (default: tracked_reds.yaml beside the manifest)")]
 
 
 @app.command()
 def sweep(
-    manifest: ManifestArg = None,
-    op: Annotated[Names, typer.Option("--op", help="only this op (repeatable)")] = None,
-    profile: Annotated[Names, typer.Option("--profile", help="only this profile (repeatable)")] = None,
-    layout: Annotated[Names, typer.Option("--layout", help="only this layout (repeatable)")] = None,
-    shard: Annotated[str | None, typer.Option(help="run shard K/N (1-based) of the sorted cells")] = None,
-    out: OutOpt = None,
-    resume: Annotated[bool, typer.Option(help="reuse <out>.partial.jsonl of an interrupted run")] = False,
-    strict: Annotated[bool, typer.Option(help="blocked cells, stale tracked entries fail")] = False,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="parallel workers (default min(2, CPUs))")]
+    manifest: Annotated[OptPath, typer.Argument(
+        metavar="MANIFEST", help="manifest YAML (default: manifests/default.yaml)")] = None,
+    op: Annotated[Names, typer.Option("--op", metavar="NAME", help="only this op (repeatable)")] = None,
+    profile: Annotated[Names, typer.Option("--profile", metavar="NAME", help="only this profile (repeatable)")]
     = None,
-    cell_timeout: Annotated[float | None, typer.Option(help="seconds per cell (default: manifest, else 900)")]
+    layout: Annotated[Names, typer.Option("--layout", metavar="NAME", help="only this layout (repeatable)")]
     = None,
+    shard: Annotated[str | None, typer.Option("--shard", metavar="K/N",
+                                              help="run shard K of N (1-based) of the sorted cells")] = None,
+    out: Annotated[OptPath, typer.Option(
+        "--out", "-o", metavar="FILE", help="evidence file (default: out/<manifest name>[.shard-K-of-N]"
+                                            ".evidence.json); the test result goes beside it")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from <out>.partial.jsonl of an "
+                                                          "interrupted run")] = False,
+    force: Annotated[bool, typer.Option("--force", help="replace an --out that holds evidence of another "
+                                                        "manifest, or is not evidence")] = False,
+    strict: StrictOpt = False,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", metavar="N",
+                                             help="parallel workers (default: one per GPU with several GPUs, "
+                                                  "else min(2, CPUs))")] = None,
+    cell_timeout: Annotated[float | None, typer.Option("--cell-timeout", metavar="SECONDS",
+                                                       help="per-cell limit (default: manifest, else 900)")]
+    = None,
+    reruns: RerunsOpt = None,
     key: KeyOpt = None,
-    tracked: TrackedFileOpt = None,
-    progress: Annotated[bool | None, typer.Option(help="progress bar (default: if stderr is a terminal)")]
+    tracked: Annotated[OptPath, typer.Option("--tracked", metavar="YAML", help="tracked reds file (default: "
+                                             "tracked_reds.yaml beside the manifest)")] = None,
+    allow_plugins: AllowPluginsOpt = False,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress",
+                                                  help="progress bar (default: if stderr is a terminal)")]
     = None,
     cell_fn: CellFnOpt = DEFAULT_CELL_FN,
     loader: LoaderOpt = DEFAULT_LOADER,
     tree: TreeOpt = None,
 ) -> None:
-    """Run every op x profile x layout cell isolated, print the matrix, write signed evidence."""
+    """Run the cells isolated, print the matrix, write signed evidence.
+
+    Every op x profile x layout cell of the manifest runs in a worker process (one per GPU on a box with
+    several); the evidence and its in-toto test result are signed with --key.
+    """
     from gradsweep.sweep.api import SweepOptions, execute_sweep, prepare_sweep
     from gradsweep.sweep.progress import SweepProgress
 
     opts = SweepOptions(manifest=manifest, ops=op, profiles=profile, layouts=layout, shard=shard, out=out,
-                        resume=resume, strict=strict, jobs=jobs, cell_timeout=cell_timeout, key=key,
-                        tracked=tracked, cell_fn=cell_fn, loader=loader, tree=tree, argv=list(sys.argv))
+                        resume=resume, force=force, strict=strict, jobs=jobs, cell_timeout=cell_timeout,
+                        reruns=reruns, key=key, tracked=tracked, allow_plugins=allow_plugins, cell_fn=cell_fn,
+                        loader=loader, tree=tree, argv=list(sys.argv))
     try:
         plan = prepare_sweep(opts, say)
     except BadInput as exc:
         fail(exc)
+    placed = f", one per GPU ({', '.join(plan.gpus)})" if plan.placed else ""
     say(f"sweep {plan.info.name}: {len(plan.cells)} cells"
         + (f" (shard {plan.shard.spec})" if plan.shard else "")
-        + f", {plan.jobs} worker(s), {plan.timeout_s:g} s per cell -> {plan.out}")
-    show_bar = progress if progress is not None else err_console.is_terminal
-    with SweepProgress(err_console, total=len(plan.cells), done=plan.kept, bar=show_bar) as bar:
+        + f", {plan.jobs} worker(s){placed}, {plan.timeout_s:g} s per cell, reruns {plan.reruns} -> {plan.out}")
+    errors = make_console(stderr=True)
+    show_bar = progress if progress is not None else errors.is_terminal
+    started = time.monotonic()
+    with SweepProgress(errors, total=len(plan.cells), done=plan.kept, bar=show_bar) as bar:
         try:
             outcome = execute_sweep(plan, on_result=bar.update)
         except KeyboardInterrupt:
             bar.stop()
             say(f"interrupted: finished cells are kept in {plan.partial.path}; rerun with --resume")
             raise typer.Exit(EXIT_INTERRUPTED) from None
+    from gradsweep.evidence.custom_code import custom_code_warnings
     from gradsweep.report.table import render_report
 
-    render_report(outcome.predicate, out_console)
-    say(f"evidence: {outcome.out} (verify: gradsweep verify {outcome.out})")
+    render_report(outcome.predicate, make_console(), banners=custom_code_warnings(outcome.predicate))
+    say(f"swept {len(plan.remaining)} cell(s) in {time.monotonic() - started:.0f} s with {plan.jobs} worker(s)\n"
+        f"evidence: {outcome.out}, test result: {outcome.result_statement}\n"
+        f"verify: {_verify_hint(outcome.out, key)}")
     raise typer.Exit(outcome.exit_code)
+
+
+def _verify_hint(evidence: Path, key: Path | None) -> str:
+    """The verify command for fresh evidence: the trust file, or the signing key's public half ad hoc."""
+    from gradsweep.evidence.signing import public_path_for, signing_key_location
+
+    pub = public_path_for(signing_key_location(key))
+    return f"gradsweep verify {evidence} --trusted-key {pub}  (or add the key to evidence/trust.yaml)"
 
 
 class Format(str, Enum):
@@ -130,162 +231,274 @@ class Format(str, Enum):
     junit = "junit"
 
 
+def _check_report_out(output: Path, evidence: Path) -> None:
+    from gradsweep.sweep.outputs import check_not_evidence, check_not_input, check_writable
+
+    check_writable(output, make_dirs=False)
+    check_not_input({"output": output}, {"evidence": evidence})
+    check_not_evidence(output)
+
+
 @app.command()
 def report(
-    evidence: Annotated[Path, typer.Argument(help="evidence file")],
+    evidence: Annotated[Path, typer.Argument(metavar="EVIDENCE", help="evidence file")],
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table, md (CI step summary) or junit")]
     = Format.table,
-    output: Annotated[OptPath, typer.Option("--output", "-o", help="write here instead of stdout")] = None,
+    out: Annotated[OptPath, typer.Option("--out", "-o", metavar="FILE", help="write here instead of stdout")]
+    = None,
+    trusted_key: TrustedOpt = None,
+    trust_file: TrustFileOpt = None,
+    allow_unverified: AllowUnverifiedOpt = False,
 ) -> None:
-    """Render evidence as a terminal table, markdown, or JUnit XML (signature not checked: use verify)."""
-    from gradsweep.evidence.verify import EvidenceError, read_evidence
+    """Verify, then render evidence as a table, markdown or JUnit.
 
+    The signature is checked against the trust file (or --trusted-key) first; unverifiable evidence is
+    refused unless --allow-unverified, which marks every rendering UNVERIFIED.
+    """
+    from gradsweep.evidence.verify import EvidenceError
+    from gradsweep.report.readers import open_evidence
+
+    _need_file(evidence)
+    if out is not None:
+        try:
+            _check_report_out(out, evidence)
+        except BadInput as exc:
+            fail(exc)
     try:
-        pred = read_evidence(evidence)
+        opened = open_evidence(evidence, trusted_key, trust_file, allow_unverified)
     except EvidenceError as exc:
-        fail(exc)
+        fail(exc, EXIT_FAIL)
+    for banner in opened.banners:
+        say(f"WARNING: {banner}")
+    pred = opened.predicate
     if fmt is Format.table:
+        from io import StringIO
+
         from gradsweep.report.table import render_report
 
-        console = out_console if output is None else Console(file=open(output, "w"), width=200)
-        render_report(pred, console, max_problems=10_000)
-        if output is not None:
-            console.file.close()
-        return
-    if fmt is Format.md:
+        buffer = StringIO() if out is not None else None
+        console = make_console(buffer) if buffer is not None else make_console()
+        render_report(pred, console, max_problems=10_000, banners=opened.banners, note=opened.note())
+        text = buffer.getvalue() if buffer is not None else None
+    elif fmt is Format.md:
         from gradsweep.report.markdown import render_markdown
 
-        text = render_markdown(pred)
+        text = render_markdown(pred, banners=opened.banners, note=opened.note())
     else:
         from gradsweep.report.junit import render_junit
 
-        text = render_junit(pred)
-    if output is None:
+        text = render_junit(pred, banners=opened.banners)
+    if text is None:
+        return
+    if out is None:
         sys.stdout.write(text)
-    else:
-        output.write_text(text)
-
-
-def _trusted(keys: list[Path] | None) -> list:
-    from gradsweep.evidence.signing import KeyFileError, default_trusted_key_paths, load_public_key
-    from gradsweep.evidence.source_digest import repo_root
-
-    paths = list(keys) if keys else default_trusted_key_paths(repo_root())
+        return
     try:
-        return [load_public_key(p) for p in paths]
-    except KeyFileError as exc:
+        out.write_text(text)
+    except OSError as exc:
+        fail(f"--out {out}: cannot write ({exc.strerror})")
+
+
+def _need_file(path: Path, what: str = "evidence") -> None:
+    """A missing input file is bad usage (exit 2), not a bad signature."""
+    if path.is_dir():
+        fail(f"{what} {path}: is a directory; give a file")
+    if not path.is_file():
+        fail(f"{what} {path}: no such file")
+
+
+def _signers(trusted_key: list[Path] | None, trust_file: Path | None) -> list:
+    from gradsweep.evidence.trust import TrustError, resolve_signers
+
+    try:
+        return resolve_signers(trusted_key, trust_file)
+    except TrustError as exc:
         fail(exc)
 
 
 @app.command()
 def verify(
-    evidence: Annotated[Path, typer.Argument(help="evidence file")],
+    evidence: Annotated[Path, typer.Argument(metavar="EVIDENCE", help="evidence file")],
     trusted_key: TrustedOpt = None,
-    allow_stale: Annotated[bool, typer.Option(help="exit 0 even if the tree changed since the run")] = False,
+    trust_file: TrustFileOpt = None,
+    allow_stale: Annotated[bool, typer.Option("--allow-stale", help="exit 0 even if an input of the verdicts "
+                                                                    "changed since the run")] = False,
+    allow_other_build: Annotated[bool, typer.Option(
+        "--allow-other-build", help="accept a built extension that differs from the run's (re-verifying on "
+                                    "another machine that built its own gradsweep/_C); sources are still "
+                                    "compared")] = False,
     tree: TreeOpt = None,
 ) -> None:
-    """Check the signature against trusted keys, then whether the evidence is stale for this tree."""
+    """Check the signature, the signer and freshness.
+
+    The signer must be in the trust file (or given with --trusted-key) and allowed to sign the manifest;
+    then the source tree, manifest, contract, tracked reds and built extension are compared with this
+    checkout.
+    """
+    from gradsweep.evidence.custom_code import custom_code_warnings
+    from gradsweep.evidence.freshness import stale_checks
     from gradsweep.evidence.verify import EvidenceError, verify_evidence
 
-    keys = _trusted(trusted_key)
+    _need_file(evidence)
+    signers = _signers(trusted_key, trust_file)
     try:
-        result = verify_evidence(evidence, keys, tree)
+        result = verify_evidence(evidence, signers, tree)
     except EvidenceError as exc:
         fail(exc, EXIT_FAIL)
     pred = result.predicate
     prov = pred.runs[0].provenance if pred.runs else None
-    out_console.print(f"signature OK: {evidence} signed by {', '.join(result.signed_by)}", markup=False)
-    out_console.print(f"manifest {pred.manifest.name} v{pred.manifest.version} ({pred.manifest.path}), "
-                      f"contract {pred.contract.version}; {pred.verdict.summary}", markup=False)
+    console = make_console()
+    console.print(f"signature OK: {evidence} signed by "
+                  + "; ".join(s.describe() for s in result.signers), markup=False)
+    console.print(f"manifest {pred.manifest.name} v{pred.manifest.version} ({pred.manifest.path}), "
+                  f"contract {pred.contract.version}; {pred.verdict.summary}", markup=False)
     if prov is not None:
-        out_console.print(f"ran {pred.runs[0].started_at} on {prov.host}: {prov.gpu_name or 'no GPU'} "
-                          f"{prov.sm or ''}, torch {prov.torch}, git {prov.git_commit or 'n/a'}"
-                          f"{' (dirty)' if prov.git_dirty else ''}", markup=False)
-    if result.stale:
-        say(f"STALE: the evidence is for source tree {pred.source.sha256[:16]}, this tree is "
-            f"{result.current_source[:16]}; rerun the sweep")
+        console.print(f"ran {pred.runs[0].started_at} on {prov.host}: {prov.gpu_name or 'no GPU'}"
+                      f"{' ' + prov.sm if prov.sm else ''}, torch {prov.torch}, git {prov.git_commit or 'n/a'}"
+                      f"{' (dirty)' if prov.git_dirty else ''}", markup=False)
+    console.print("test result: " + (f"{result.result_statement} (in-toto test-result v0.1 beside it, same "
+                                      "signer and subjects)" if result.result_statement else
+                                      "none beside the evidence"), markup=False)
+    for check in result.checks:
+        console.print(f"  {check.line()}", markup=False)
+    for warning in custom_code_warnings(pred):
+        say(f"WARNING: {warning}")
+    stale = stale_checks(result.checks, allow_other_build)
+    if stale:
+        hint = "; on another machine with its own build, --allow-other-build accepts the extension only" \
+            if all(c.name == "extension" for c in stale) else "; rerun the sweep"
+        say("STALE: " + "; ".join(c.line() for c in stale) + hint)
         raise typer.Exit(0 if allow_stale else EXIT_STALE)
-    out_console.print(f"fresh: source tree {result.current_source[:16]} matches", markup=False)
+    console.print("fresh: every input of the verdicts matches this checkout", markup=False)
 
 
 @app.command()
 def merge(
-    shards: Annotated[list[Path], typer.Argument(help="shard evidence files")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="merged evidence file")],
+    shards: Annotated[list[Path], typer.Argument(metavar="SHARD", help="shard evidence files")],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="FILE", help="merged evidence file")],
     trusted_key: TrustedOpt = None,
-    key: Annotated[Path | None, typer.Option(help="signing key for the merged evidence")] = None,
-    strict: Annotated[bool, typer.Option(help="blocked cells and stale tracked entries fail")] = False,
+    trust_file: TrustFileOpt = None,
+    key: KeyOpt = None,
+    strict: StrictOpt = False,
+    force: Annotated[bool, typer.Option("--force", help="replace an --out that holds evidence of another "
+                                                        "manifest, or is not evidence")] = False,
 ) -> None:
-    """Merge shard evidence (all K/N present once, same manifest and tree) and re-sign it."""
-    from gradsweep.evidence.signing import KeyFileError, resolve_signer
+    """Merge shard evidence into one signed evidence.
+
+    Every shard K/N must be present once, verify, and come from the same manifest, tree, contract, filters,
+    tracked reds and extension build.
+    """
+    from gradsweep.evidence.signing import KeyFileError, resolve_signer, signing_key_location
     from gradsweep.report.merge import merge_shards
     from gradsweep.report.table import render_report
 
-    keys = _trusted(trusted_key)
+    for shard in shards:
+        _need_file(shard, "shard")
+    signers = _signers(trusted_key, trust_file)
     try:
         signer, _ = resolve_signer(key, say)
-        merged = merge_shards(shards, keys, signer, out, strict=strict)
+        merged = merge_shards(shards, signers, signer, out, strict=strict, force=force,
+                              key_path=signing_key_location(key))
     except (BadInput, KeyFileError) as exc:
         fail(exc)
-    render_report(merged, out_console)
-    say(f"merged evidence: {out}")
+    render_report(merged, make_console())
+    say(f"merged evidence: {out}\nverify: {_verify_hint(out, key)}")
     raise typer.Exit(merged.verdict.exit_code)
 
 
 @app.command()
 def diff(
-    old: Annotated[Path, typer.Argument(help="earlier evidence")],
-    new: Annotated[Path, typer.Argument(help="later evidence")],
+    old: Annotated[Path, typer.Argument(metavar="OLD", help="earlier evidence")],
+    new: Annotated[Path, typer.Argument(metavar="NEW", help="later evidence")],
+    trusted_key: TrustedOpt = None,
+    trust_file: TrustFileOpt = None,
+    allow_unverified: AllowUnverifiedOpt = False,
 ) -> None:
-    """Status transitions between two evidence files, regressions first (exit 1 on a regression)."""
-    from gradsweep.evidence.verify import EvidenceError, read_evidence
-    from gradsweep.report.diff import diff_predicates, render_diff
+    """Status changes between two evidence files.
 
+    Both are verified first; regressions are listed first, and a regression (a new red or error) or lost
+    coverage (a cell that ran and no longer does) exits 1.
+    """
+    from gradsweep.evidence.verify import EvidenceError
+    from gradsweep.report.diff import diff_predicates, failing, render_diff
+    from gradsweep.report.readers import open_evidence
+
+    _need_file(old)
+    _need_file(new)
     try:
-        before, after = read_evidence(old), read_evidence(new)
+        before = open_evidence(old, trusted_key, trust_file, allow_unverified)
+        after = open_evidence(new, trusted_key, trust_file, allow_unverified)
     except EvidenceError as exc:
-        fail(exc)
-    changes = diff_predicates(before, after)
-    out_console.print(render_diff(changes), markup=False)
-    raise typer.Exit(EXIT_FAIL if any(t.kind == "regression" for t in changes) else 0)
+        fail(exc, EXIT_FAIL)
+    console = make_console()
+    for banner in dict.fromkeys(before.banners + after.banners):
+        say(f"WARNING: {banner}")
+        console.print(f"WARNING: {banner}", markup=False)
+    if before.predicate.manifest.name != after.predicate.manifest.name:
+        say(f"note: comparing evidence of manifest {before.predicate.manifest.name!r} with "
+            f"{after.predicate.manifest.name!r}")
+    changes = diff_predicates(before.predicate, after.predicate)
+    console.print(render_diff(changes), markup=False)
+    raise typer.Exit(EXIT_FAIL if failing(changes) else 0)
 
 
 @app.command()
 def keygen(
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="private key path "
+    out: Annotated[Path | None, typer.Option("--out", "-o", metavar="PEM", help="private key path "
                                              "(default ~/.config/gradsweep/signing-key.pem)")] = None,
-    force: Annotated[bool, typer.Option(help="replace an existing key")] = False,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing key, or write inside a "
+                                                        "repository (the path must be git-ignored)")] = False,
 ) -> None:
-    """Write an Ed25519 keypair: the private key and <name>.pub.pem beside it."""
-    from gradsweep.evidence.signing import KeyFileError, default_key_path, public_path_for, write_keypair
+    """Write an Ed25519 signing keypair.
+
+    The private key is written 0600 (never inside a repository without --force), the public key beside it
+    as <name>.pub.pem; the trust-file entry to paste into evidence/trust.yaml is printed.
+    """
+    from gradsweep.evidence.signing import (
+        KeyFileError,
+        default_key_path,
+        public_path_for,
+        refuse_key_in_repository,
+        write_keypair,
+    )
 
     path = out or default_key_path()
     try:
+        if not force:
+            refuse_key_in_repository(path)
         signer = write_keypair(path, overwrite=force)
     except KeyFileError as exc:
         fail(exc)
-    out_console.print(f"private key: {path}\npublic key:  {public_path_for(path)}\n"
-                      f"keyid:       {signer.public_key.keyid}", markup=False)
+    stem = public_path_for(path).name.removesuffix(".pub.pem")
+    make_console().print(
+        f"private key: {path} (mode 0600; never commit it)\npublic key:  {public_path_for(path)}\n"
+        f"keyid:       {signer.public_key.keyid}\n\n"
+        f"To trust it by default, copy the public key to evidence/keys/{stem}.pub.pem and add to "
+        f"evidence/trust.yaml:\n"
+        f"  - name: {stem}\n    keyid: {signer.public_key.keyid}\n    public_key: keys/{stem}.pub.pem\n"
+        f"    owner: <who holds the private key>\n    manifests: [<manifest names it may sign>]", markup=False)
 
 
 @app.command()
 def check(
-    op: Annotated[str, typer.Option(help="op name")],
-    profile: Annotated[str, typer.Option(help="profile name")],
-    layout: Annotated[str, typer.Option(help="layout name")],
-    candidate: Annotated[str | None, typer.Option(help="implementation id instead of the declared one")]
-    = None,
-    manifest: Annotated[Path | None, typer.Option(help="manifest (default: manifests/default.yaml)")] = None,
+    op: Annotated[str, typer.Option("--op", metavar="NAME", help="op name")],
+    profile: Annotated[str, typer.Option("--profile", metavar="NAME", help="profile name")],
+    layout: Annotated[str, typer.Option("--layout", metavar="NAME", help="layout name")],
+    candidate: Annotated[str | None, typer.Option("--candidate", metavar="IMPL",
+                                                  help="implementation id instead of the declared one")] = None,
+    manifest: ManifestOpt = None,
+    reruns: RerunsOpt = None,
+    allow_plugins: AllowPluginsOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the CellResult as JSON")] = False,
     cell_fn: CellFnOpt = DEFAULT_CELL_FN,
     loader: LoaderOpt = DEFAULT_LOADER,
 ) -> None:
-    """Run one cell in this process and print every per-tensor diagnostic."""
+    """Run one cell here, with every per-tensor diagnostic."""
     from gradsweep.sweep.check import check_cell, render_check
 
     try:
         rec, code = check_cell(manifest, op, profile, layout, candidate=candidate, cell_fn=cell_fn,
-                               loader=loader)
+                               loader=loader, reruns=reruns, allow_plugins=allow_plugins)
     except BadInput as exc:
         fail(exc)
     if as_json:
@@ -293,31 +506,50 @@ def check(
 
         sys.stdout.write(json.dumps(jsonable(rec.model_dump(mode="python")), indent=2) + "\n")
     else:
-        render_check(rec, out_console)
+        render_check(rec, make_console())
     raise typer.Exit(code)
 
 
 @app.command()
 def drift(
-    profile: Annotated[str, typer.Option(help="profile whose candidates run the chain")] = "torch_bf16",
-    train: Annotated[str, typer.Option(help="train-style layout")] = "bn_full",
-    infer: Annotated[str, typer.Option(help="inference-style layout")] = "decode",
-    manifest: Annotated[Path | None, typer.Option(help="samples, seed and profiles (default: default.yaml)")]
-    = None,
-    hidden: Annotated[int, typer.Option(help="chain hidden size")] = 64,
-    inner: Annotated[int, typer.Option(help="chain intermediate size")] = 96,
-    vocab: Annotated[int, typer.Option(help="chain vocabulary size")] = 300,
+    profile: Annotated[Names, typer.Option("--profile", metavar="NAME", help="profile whose chain runs both roles "
+                                           "(repeat for several pairs; default torch_bf16)")] = None,
+    train: Annotated[str, typer.Option("--train", metavar="LAYOUT", help="train-style layout")] = "bn_full",
+    infer: Annotated[str, typer.Option("--infer", metavar="LAYOUT", help="inference-style layout")] = "decode",
+    infer_profile: Annotated[str | None, typer.Option("--infer-profile", metavar="NAME", help="run the inference "
+                                                      "role on this profile instead (cross-backend parity)")] = None,
+    manifest: ManifestOpt = None,
+    layers: Annotated[int | None, typer.Option("--layers", metavar="N", help="chain layers")] = None,
+    hidden: Annotated[int | None, typer.Option("--hidden", metavar="N", help="chain hidden size")] = None,
+    inner: Annotated[int | None, typer.Option("--inner", metavar="N", help="chain intermediate size")] = None,
+    vocab: Annotated[int | None, typer.Option("--vocab", metavar="N", help="chain vocabulary size")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", metavar="DIR", help="write drift.json, drift.table.txt, "
+                                             "drift.png and the signed drift.evidence.json here")] = None,
+    key: KeyOpt = None,
+    dlogp: Annotated[bool, typer.Option("--dlogp/--no-dlogp", help="attribute the logp difference to each "
+                                        "differing boundary (one re-run of the train role each)")] = True,
+    rl: Annotated[bool, typer.Option("--rl/--no-rl", help="the RL loss fragments as the last boundaries")] = True,
+    reruns: Annotated[int, typer.Option("--reruns", metavar="N", help="bitwise re-runs of each role of a profile "
+                                        "that advertises deterministic logp")] = 1,
+    allow_plugins: AllowPluginsOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
-    """Attribute drift along embedding -> rms_norm -> linear -> silu -> lm_head -> logp: train vs inference."""
+    """Which operator boundary makes train-style and inference-style log-probs differ.
+
+    Runs the Qwen3-shaped chain (manifest ops.chain shape, else --layers/--hidden/...) in a train-style and an
+    inference-style role and compares every boundary; exit 1 when a bitwise pair differs, a parity side is
+    outside the contract, or an advertised deterministic profile does not repeat.
+    """
     from gradsweep.drift_cli import run_drift
 
     try:
-        report, text = run_drift(manifest, profile, train, infer, hidden, inner, vocab, as_json)
+        _report, text, code = run_drift(manifest, profile or ["torch_bf16"], train, infer, infer_profile, layers,
+                                        hidden, inner, vocab, out, key, dlogp, rl, reruns, as_json, allow_plugins,
+                                        say=say)
     except BadInput as exc:
         fail(exc)
     sys.stdout.write(text)
-    raise typer.Exit(0 if report.first_divergence is None else 1)
+    raise typer.Exit(code)
 
 
 class ListWhat(str, Enum):
@@ -328,8 +560,10 @@ class ListWhat(str, Enum):
 
 @app.command("list")
 def list_names(
-    what: Annotated[ListWhat, typer.Argument(help="ops, profiles or layouts")],
-    manifest: Annotated[Path | None, typer.Option(help="list what this manifest sweeps instead")] = None,
+    what: Annotated[ListWhat, typer.Argument(metavar="ops|profiles|layouts", help="what to list")],
+    manifest: Annotated[Path | None, typer.Option("--manifest", metavar="YAML",
+                                                  help="list what this manifest sweeps instead")] = None,
+    allow_plugins: AllowPluginsOpt = False,
     loader: LoaderOpt = DEFAULT_LOADER,
 ) -> None:
     """List the known ops, profiles or layouts."""
@@ -338,7 +572,7 @@ def list_names(
         from gradsweep.sweep.manifest_info import load_info
 
         try:
-            info = load_info(manifest, loader)
+            info = load_info(manifest, loader, allow_plugins)
         except BadInput as exc:
             fail(exc)
         attr = {"ops": "op", "profiles": "profile", "layouts": "layout"}[what.value]

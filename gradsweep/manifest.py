@@ -18,14 +18,18 @@ from pydantic import (
     PositiveInt,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
 from gradsweep.results import CellKey
+from gradsweep.sweep.env_policy import check_profile_env
 
 MANIFEST_VERSION = 1
 MANIFEST_DIR = Path(__file__).resolve().parent.parent / "manifests"
 DEFAULT_MANIFEST = MANIFEST_DIR / "default.yaml"
+ALLOW_PLUGINS = "allow_plugins"  # validation-context key: import the manifest's plugin modules
 
 
 class ManifestError(ValueError):
@@ -69,9 +73,16 @@ class ProfileSpec(BaseModel):
     device: Literal["cpu", "cuda", "auto"] = "auto"
     requires: list[Literal["cuda", "cuda-sm90", "triton", "triton-interpret", "cuda-ext"]] = Field(
         default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict, description="set in the worker before any import")
+    env: dict[str, str] = Field(default_factory=dict, description="set in the worker before any import; only "
+                                "allowlisted names (TRITON_*, CUDA_*, GRADSWEEP_*, ...: gradsweep.sweep.env_policy)")
     release_evidence: bool = Field(True, description="false for CI-only views such as triton_interpret")
     candidates: dict[str, CandidateDecl] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_data(cls, env: dict[str, str]) -> dict[str, str]:
+        check_profile_env(env)
+        return env
 
 
 class SampleSpec(BaseModel):
@@ -90,6 +101,10 @@ class LayoutSpec(BaseModel):
     order: list[int] | None = Field(None, description="bn_permuted: sample order (default: seeded)")
     filler_lengths: list[PositiveInt] | None = Field(
         None, description="bn_mask_density: lengths of fully loss-masked filler samples interleaved")
+    groups: list[list[int]] | None = Field(
+        None, description="bn_neighbors: samples of each call (every sample once; default: seeded regrouping)")
+    prefix: list[int] | None = Field(
+        None, description="prefix_cache: prefix length per sample, written by the first call (default: seeded)")
 
 
 class OpEntry(BaseModel):
@@ -109,7 +124,10 @@ class Manifest(BaseModel):
     contract: str = Field("contract.yaml", description="contract file, relative to the manifest")
     seed: int = 0
     cell_timeout_s: PositiveInt = 900
-    plugins: list[str] = Field(default_factory=list, description="extra op modules to register (tests)")
+    reruns: PositiveInt = Field(1, description="how many times the reference layout is re-run to detect "
+                                               "nondeterminism (sweep/check --reruns overrides it)")
+    plugins: list[str] = Field(default_factory=list, description="extra op modules to register (tests); "
+                               "imported only when the command is given --allow-plugins")
     samples: SampleSpec
     layouts: dict[str, LayoutSpec]
     ops: dict[str, OpEntry]
@@ -129,11 +147,15 @@ class Manifest(BaseModel):
         return (base / self.contract).resolve()
 
     @model_validator(mode="after")
-    def _cross_check(self) -> Manifest:
+    def _cross_check(self, info: ValidationInfo) -> Manifest:
         from gradsweep.layouts import LAYOUT_NAMES, validate_layout
         from gradsweep.ops.registry import get_op, load_plugins, op_names
 
-        load_plugins(self.plugins)
+        if self.plugins:
+            if not (info.context or {}).get(ALLOW_PLUGINS):
+                raise ValueError(f"plugins: this manifest imports code ({', '.join(self.plugins)}); pass "
+                                 "--allow-plugins to allow it")
+            load_plugins(self.plugins)
         for name, spec in self.layouts.items():
             if name not in LAYOUT_NAMES:
                 raise ValueError(f"layouts: unknown layout {name!r}; allowed: {', '.join(LAYOUT_NAMES)}")
@@ -197,8 +219,8 @@ def _format_error(path: Path, exc: ValidationError) -> str:
     return f"manifest {path}: {where}{msg}{shown}"
 
 
-def load_manifest(path: str | Path) -> Manifest:
-    """Read, validate and cross-check a manifest file."""
+def load_manifest(path: str | Path, allow_plugins: bool = False) -> Manifest:
+    """Read, validate and cross-check a manifest file; its plugins are imported only if ``allow_plugins``."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -218,7 +240,7 @@ def load_manifest(path: str | Path) -> Manifest:
         raise ManifestError(f"manifest {path}: field 'manifest_version': {data['manifest_version']!r} is not "
                             f"supported; this gradsweep reads version {MANIFEST_VERSION}")
     try:
-        manifest = Manifest.model_validate(data)
+        manifest = Manifest.model_validate(data, context={ALLOW_PLUGINS: allow_plugins})
     except ValidationError as exc:
         raise ManifestError(_format_error(path, exc)) from None
     manifest._source = path.resolve()

@@ -12,7 +12,8 @@ LENGTHS = [37, 5, 64, 1, 23]
 CHUNKS = [[20, 17], [2, 3], [1, 30, 33], [1], [10, 6, 7]]
 LAYOUTS = {"bn_full": {}, "bn_chunked": {"chunks": CHUNKS}, "b1_singleton": {}, "bn_padded_right": {},
            "bn_padded_left": {}, "bn_permuted": {"order": [3, 0, 4, 2, 1]},
-           "bn_mask_density": {"filler_lengths": [9, 16, 3]}, "decode": {}}
+           "bn_mask_density": {"filler_lengths": [9, 16, 3]}, "bn_neighbors": {"groups": [[2, 0], [1, 3], [4]]},
+           "prefix_cache": {"prefix": [20, 2, 1, 1, 10]}, "decode": {}}
 
 
 def planted_manifest_dict(impl: str, **extra) -> dict:
@@ -34,4 +35,4 @@ def write_manifest(tmp_path: Path, data: dict, name: str = "m.yaml") -> Path:
 
 
 def load_dict(tmp_path: Path, data: dict):
-    return load_manifest(write_manifest(tmp_path, data))
+    return load_manifest(write_manifest(tmp_path, data), allow_plugins=True)  # planted ops are plugins

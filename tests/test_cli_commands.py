@@ -46,30 +46,32 @@ def test_sweep_verify_report_diff(env: dict[str, Path]) -> None:
     assert strict.exit_code == 1 and "--strict" in strict.stdout
 
     runner = CliRunner()
-    verified = runner.invoke(app, ["verify", "old.json", "--allow-stale"])  # default trusted key
+    trust = ["--trusted-key", str(env["pub"])]  # your own key is trusted only when you say so
+    verified = runner.invoke(app, ["verify", "old.json", "--allow-stale", *trust])
     assert verified.exit_code == 0 and "signature OK" in verified.stdout
 
-    md = runner.invoke(app, ["report", "old.json", "--format", "md"])
+    md = runner.invoke(app, ["report", "old.json", "--format", "md", *trust])
     assert md.exit_code == 0 and "| op | layout | p1 | p2 |" in md.stdout and "🟡" in md.stdout
-    junit = runner.invoke(app, ["report", "old.json", "-f", "junit", "-o", "j.xml"])
+    junit = runner.invoke(app, ["report", "old.json", "-f", "junit", "-o", "j.xml", *trust])
     assert junit.exit_code == 0
     root = ET.parse(d / "j.xml").getroot()
     cases = root.findall(".//testcase")
     assert len(cases) == 8
     assert len(root.findall(".//failure")) == 1 and len(root.findall(".//skipped")) == 3
-    table = runner.invoke(app, ["report", "old.json"])
+    table = runner.invoke(app, ["report", "old.json", *trust])
     assert table.exit_code == 0 and "gradsweep matrix: tiny" in table.stdout
 
     (d / "tracked_reds.yaml").write_text("tracked: []\n")
     manifest = write_manifest(d, {"a/p1/y": "green", "a/p2/y": "red", "b/p2/x": "raise"})
     second = _sweep(str(manifest), "-o", "new.json")
     assert second.exit_code == 1 and "RED (U)" in second.stdout
-    diff = runner.invoke(app, ["diff", "old.json", "new.json"])
+    diff = runner.invoke(app, ["diff", "old.json", "new.json", *trust])
     assert diff.exit_code == 1
-    lines = diff.stdout.splitlines()
+    assert "WARNING: NON-DEFAULT CELL FUNCTION tests.fakes.cells:cell" in diff.stdout  # the fakes are flagged
+    lines = [line for line in diff.stdout.splitlines() if not line.startswith("WARNING")]
     assert lines[0].startswith("REGRESSION (2)") and "a/p2/y: green -> red_verdict (UNTRACKED)" in lines[1]
     assert "b/p2/x: blocked_hardware -> error" in diff.stdout and "FIXED" in diff.stdout
-    assert runner.invoke(app, ["diff", "old.json", "old.json"]).exit_code == 0
+    assert runner.invoke(app, ["diff", "old.json", "old.json", *trust]).exit_code == 0
 
 
 def test_shards_merge_via_cli(env: dict[str, Path]) -> None:
@@ -77,16 +79,17 @@ def test_shards_merge_via_cli(env: dict[str, Path]) -> None:
     (env["dir"] / "tracked_reds.yaml").write_text("tracked:\n  - {cell: '*/p1/*', reason: r, fix: f}\n")
     for k in (1, 2):
         assert _sweep(str(manifest), "--shard", f"{k}/2").exit_code == 0
-    shards = sorted(str(p) for p in (env["dir"] / "out").glob("tiny.shard-*.json"))
+    shards = sorted(str(p) for p in (env["dir"] / "out").glob("tiny.shard-*.evidence.json"))
     assert len(shards) == 2
-    merged = CliRunner().invoke(app, ["merge", *shards, "-o", "merged.json"])
+    trust = ["--trusted-key", str(env["pub"])]
+    merged = CliRunner().invoke(app, ["merge", *shards, "-o", "merged.json", *trust])
     assert merged.exit_code == 0, merged.stderr
     full = _sweep(str(manifest), "-o", "full.json")
-    report = CliRunner().invoke(app, ["report", "merged.json", "-f", "md"]).stdout
-    assert report.split("Source")[1] == CliRunner().invoke(app, ["report", "full.json", "-f", "md"]).stdout \
-        .split("Source")[1]
+    report = CliRunner().invoke(app, ["report", "merged.json", "-f", "md", *trust]).stdout
+    assert report.split("Source")[1] == CliRunner().invoke(app, ["report", "full.json", "-f", "md", *trust]) \
+        .stdout.split("Source")[1]
     assert full.exit_code == 0
-    missing = CliRunner().invoke(app, ["merge", shards[0], "-o", "m2.json"])
+    missing = CliRunner().invoke(app, ["merge", shards[0], "-o", "m2.json", *trust])
     assert missing.exit_code == 2 and "missing shard" in missing.stderr and not Path("m2.json").exists()
 
 
@@ -96,7 +99,7 @@ def test_check_one_cell(env: dict[str, Path]) -> None:
     try:
         result = CliRunner().invoke(app, ["check", "--op", "a", "--profile", "p1", "--layout", "y",
                                           "--manifest", str(manifest), *FAKES])
-        assert os.environ.get("FAKE_PROFILE") == "p1"  # the profile env was applied in-process
+        assert os.environ.get("GRADSWEEP_FAKE_PROFILE") == "p1"  # the profile env was applied in-process
         as_json = CliRunner().invoke(app, ["check", "--op", "a", "--profile", "p2", "--layout", "y",
                                            "--manifest", str(manifest), "--json", *FAKES])
     finally:
@@ -138,7 +141,7 @@ def test_real_ci_smoke_sweep(env: dict[str, Path]) -> None:
         pytest.skip("manifests/ci_smoke.yaml not present")
     result = CliRunner().invoke(app, ["sweep", str(manifest), "-o", "smoke.json", "--no-progress"])
     assert result.exit_code in (0, 1), result.stderr
-    verified = CliRunner().invoke(app, ["verify", "smoke.json", "--allow-stale"])
+    verified = CliRunner().invoke(app, ["verify", "smoke.json", "--allow-stale", "--trusted-key", str(env["pub"])])
     assert verified.exit_code == 0, verified.stderr
     from gradsweep.evidence.verify import read_evidence
 

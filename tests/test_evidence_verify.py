@@ -15,8 +15,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from gradsweep.evidence.envelope import decode_statement, open_envelope  # noqa: E402
+from gradsweep.evidence.freshness import stale_checks  # noqa: E402
 from gradsweep.evidence.jsonsafe import canonical  # noqa: E402
-from gradsweep.evidence.signing import load_public_key, public_path_for, write_keypair  # noqa: E402
+from gradsweep.evidence.signing import public_path_for, write_keypair  # noqa: E402
+from gradsweep.evidence.trust import ad_hoc_signers  # noqa: E402
 from gradsweep.evidence.verify import (  # noqa: E402
     EvidenceError,
     check_signature,
@@ -44,13 +46,17 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _trusted(signed: dict[str, Path]) -> list:
-    return [load_public_key(signed["pub"])]
+    return ad_hoc_signers([signed["pub"]])
+
+
+def _stale(report) -> bool:
+    return bool(stale_checks(report.checks))
 
 
 def test_valid_evidence_verifies_and_is_fresh(signed: dict[str, Path]) -> None:
     report = verify_evidence(signed["evidence"], _trusted(signed), signed["tree"])
-    assert not report.stale
-    assert report.signed_by == [str(signed["pub"])]
+    assert not _stale(report)
+    assert [s.name for s in report.signers] == [signed["pub"].name]
     statuses = {c.result.key.id: c.result.status.value for c in report.predicate.cells}
     assert statuses["a/p1/y"] == "red_verdict" and statuses["b/p2/x"] == "blocked_hardware"
     assert len(statuses) == 8
@@ -102,7 +108,7 @@ def test_edited_payload_with_old_signature_fails(signed: dict[str, Path], tmp_pa
 def test_wrong_key_fails(signed: dict[str, Path], tmp_path: Path) -> None:
     other = write_keypair(tmp_path / "other.pem")
     with pytest.raises(EvidenceError, match="untrusted key"):
-        check_signature(signed["evidence"], [load_public_key(tmp_path / "other.pub.pem")])
+        check_signature(signed["evidence"], ad_hoc_signers([tmp_path / "other.pub.pem"]))
     # a signature by the other key that claims the trusted key's id
     from securesystemslib.dsse import Envelope
 
@@ -122,11 +128,11 @@ def test_wrong_key_fails(signed: dict[str, Path], tmp_path: Path) -> None:
 def test_other_tree_is_stale(signed: dict[str, Path], tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     shutil.copytree(signed["tree"], tree)
-    assert not verify_evidence(signed["evidence"], _trusted(signed), tree).stale
+    assert not _stale(verify_evidence(signed["evidence"], _trusted(signed), tree))
     (tree / "gradsweep" / "kernel.py").write_text("x = 2\n")
     report = verify_evidence(signed["evidence"], _trusted(signed), tree)
-    assert report.stale and report.current_source != report.predicate.source.sha256
-    assert verify_evidence(signed["evidence"], _trusted(signed), REPO).stale
+    assert [c.name for c in stale_checks(report.checks)] == ["source tree"]
+    assert _stale(verify_evidence(signed["evidence"], _trusted(signed), REPO))
 
 
 def test_cli_verify_exit_codes(signed: dict[str, Path], tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def test_hang_times_out_and_sweep_goes_on(tmp_path: Path) -> None:
 
 
 def test_each_worker_gets_its_profile_env(tmp_path: Path) -> None:
-    # the fake cell returns error if FAKE_PROFILE (set from the profile's env) is another profile's
+    # the fake cell returns error if GRADSWEEP_FAKE_PROFILE (set from the profile's env) is another profile's
     res = _run(write_manifest(tmp_path, profiles=("p1", "p2", "p3")), jobs=2)
     assert all(r.status is Status.GREEN for r in res.values()), [r.reason for r in res.values()]
 

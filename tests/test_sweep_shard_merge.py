@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from gradsweep.evidence.provenance import Provenance, collect_provenance
-from gradsweep.evidence.signing import load_public_key, load_signer, write_keypair
+from gradsweep.evidence.signing import load_signer, write_keypair
+from gradsweep.evidence.trust import ad_hoc_signers
 from gradsweep.evidence.verify import check_signature
 from gradsweep.report.merge import merge_shards
 from gradsweep.results import CellKey
@@ -34,7 +35,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     full = sweep("full.json")
     shards = [sweep(f"s{k}.json", f"{k}/3") for k in (1, 2, 3)]
     return {"base": base, "key": key, "full": full, "shards": shards, "sweep": sweep,
-            "trusted": [load_public_key(base / "k.pub.pem")], "prov": prov}
+            "trusted": ad_hoc_signers([base / "k.pub.pem"]), "prov": prov}
 
 
 def test_parse_shard() -> None:
@@ -87,7 +88,7 @@ def test_merge_refuses_missing_duplicate_and_foreign(world: dict, tmp_path: Path
         merge_shards([s1, other, s3], world["trusted"], signer, out)
     write_keypair(tmp_path / "stranger.pem")
     with pytest.raises(BadInput, match="untrusted"):
-        merge_shards([s1, s2, s3], [load_public_key(tmp_path / "stranger.pub.pem")], signer, out)
+        merge_shards([s1, s2, s3], ad_hoc_signers([tmp_path / "stranger.pub.pem"]), signer, out)
     assert not out.exists()
 
 

@@ -29,7 +29,16 @@ class ManifestRef(_Strict):
 
 class ContractRef(_Strict):
     version: str | None = None
-    path: str | None = None
+    path: str | None = Field(None, description="repository-relative path (see evidence.paths)")
+    sha256: str | None = Field(None, description="digest of the contract file the verdicts used")
+
+
+class ExtensionRef(_Strict):
+    """The built CUDA extension the workers imported (a per-machine build product)."""
+
+    path: str = Field(description="repository-relative path of gradsweep/_C*.so")
+    sha256: str
+    build: dict[str, object] | None = Field(None, description="gradsweep._C.build_info(): nvcc flags, arch")
 
 
 class SourceRef(_Strict):
@@ -47,6 +56,8 @@ class Selection(_Strict):
     cells_total: int = Field(description="cells after filters, before sharding")
     cells_digest: str = Field(description="sha256 of the sorted filtered cell ids")
     shards: list[str] = Field(default_factory=list, description="K/N of each shard included; [] unsharded")
+    reruns: int | None = Field(None, description="effective reruns of the reference layout (--reruns or "
+                                                  "the manifest's); null in evidence that predates it")
 
 
 class RunRecord(_Strict):
@@ -60,6 +71,8 @@ class RunRecord(_Strict):
     cell_timeout_s: float
     resumed_cells: int = 0
     cell_fn: str
+    loader: str | None = Field(None, description="manifest loader (null in evidence that predates it)")
+    plugins: list[str] = Field(default_factory=list, description="plugin modules imported (--allow-plugins)")
     provenance: Provenance
 
 
@@ -89,7 +102,10 @@ class Verdict(_Strict):
 
 
 class Predicate(_Strict):
-    schema_version: Literal[1] = 1
+    """Schema 2 adds the digests of every verdict input (contract, tracked reds, extension), reruns,
+    the loader and plugins; schema 1 evidence still reads, but ``verify`` calls it stale."""
+
+    schema_version: Literal[1, 2] = 2
     generator: str
     manifest: ManifestRef
     contract: ContractRef
@@ -97,6 +113,8 @@ class Predicate(_Strict):
     selection: Selection
     runs: list[RunRecord]
     tracked_file: str | None = None
+    tracked_sha256: str | None = None
+    extension: ExtensionRef | None = None
     tracked_entries: list[TrackedEntry] = Field(default_factory=list)
     stale_tracked: list[TrackedEntry] = Field(default_factory=list)
     cells: list[CellRecord]

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from gradsweep.evidence.host_facts import blas_facts, cpu_model
+
 
 class Provenance(BaseModel):
     """The machine and software stack of one run."""
@@ -22,6 +24,8 @@ class Provenance(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str
     platform: str
+    cpu_model: str | None = None
+    blas: dict[str, str | int | float | bool | None] | None = None
     python: str
     gradsweep: str | None = None
     torch: str | None = None
@@ -92,7 +96,8 @@ def collect_provenance(root: Path) -> Provenance:
     """Query this process's machine; torch.cuda is touched only when CUDA is available."""
     commit, dirty = git_state(root)
     triton = _dist_version("triton")
-    return Provenance(host=socket.gethostname(), platform=platform.platform(),
+    return Provenance(host=socket.gethostname(), platform=platform.platform(), cpu_model=cpu_model(),
+                      blas=blas_facts(),
                       python=sys.version.split()[0], gradsweep=_dist_version("gradsweep"), triton=triton,
                       git_commit=commit, git_dirty=dirty, cuda_extension=_extension_build(),
                       **_torch_facts())  # type: ignore[arg-type]

@@ -1,13 +1,15 @@
-"""Ed25519 keys for evidence: where they live, how they are made, loaded and trusted.
+"""Ed25519 keys for evidence: where they live, how they are made and loaded (who is trusted: trust.py).
 
 The signing key comes from ``--key``, else $GRADSWEEP_KEY, else the per-user default
 (~/.config/gradsweep/signing-key.pem), which is created on first use. A public key is written
-beside each private key as ``<stem>.pub.pem``.
+beside each private key as ``<stem>.pub.pem``. Private keys are always mode 0600 and ``keygen`` refuses
+a path inside a repository unless forced.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,20 +52,57 @@ def public_path_for(private_path: Path) -> Path:
     return private_path.with_name(stem + ".pub.pem")
 
 
+def _write_private(path: Path, data: bytes) -> None:
+    """Write through a 0600 temporary file and rename it over ``path``: the key is 0600 whatever was
+    there before (an existing 0644 file keeps its mode when truncated in place)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_keypair(path: Path, overwrite: bool = False) -> CryptoSigner:
     """Generate an Ed25519 keypair: private key at ``path`` (mode 0600), public key beside it."""
+    if path.is_dir():
+        raise KeyFileError(f"key {path}: is a directory; give a file path such as {path / 'signing-key.pem'}")
     if path.exists() and not overwrite:
         raise KeyFileError(f"key {path}: already exists; pass --force to replace it")
-    if path.is_dir():
-        raise KeyFileError(f"key {path}: is a directory")
-    path.parent.mkdir(parents=True, exist_ok=True)
     private = Ed25519PrivateKey.generate()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
     public = private.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
-    public_path_for(path).write_bytes(public)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_private(path, private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+        public_path_for(path).write_bytes(public)
+    except OSError as exc:
+        raise KeyFileError(f"key {path}: cannot write ({exc.strerror}); choose a writable location") from None
     return CryptoSigner(private)
+
+
+def enclosing_repository(path: Path) -> Path | None:
+    """The checkout (this gradsweep's, or any directory with a .git) that would hold ``path``."""
+    from gradsweep.evidence import source_digest
+
+    probe = path.expanduser().resolve().parent
+    ours = source_digest.repo_root().resolve()
+    for folder in (probe, *probe.parents):
+        if folder == ours or (folder / ".git").exists():
+            return folder
+    return None
+
+
+def refuse_key_in_repository(path: Path) -> None:
+    """A private key inside a repository is one ``git add -A`` away from being published."""
+    repo = enclosing_repository(path)
+    if repo is not None:
+        raise KeyFileError(f"key {path}: is inside the repository {repo}; keep private keys outside any checkout "
+                           "(default ~/.config/gradsweep/), or pass --force if the path is git-ignored")
 
 
 def load_signer(path: Path) -> CryptoSigner:
@@ -81,6 +120,14 @@ def load_signer(path: Path) -> CryptoSigner:
     if not isinstance(private, Ed25519PrivateKey):
         raise KeyFileError(f"signing key {path}: not an Ed25519 key; create one with 'gradsweep keygen'")
     return CryptoSigner(private)
+
+
+def signing_key_location(explicit: Path | None) -> Path:
+    """Where the signing key is read from (without reading or creating it): --key, $GRADSWEEP_KEY, default."""
+    if explicit is not None:
+        return explicit
+    env = os.environ.get(KEY_ENV)
+    return Path(env) if env else default_key_path()
 
 
 def resolve_signer(explicit: Path | None, say: Callable[[str], None]) -> tuple[CryptoSigner, Path]:
@@ -111,10 +158,3 @@ def load_public_key(path: Path) -> TrustedKey:
     if not isinstance(public, Ed25519PublicKey):
         raise KeyFileError(f"trusted key {path}: not an Ed25519 public key")
     return TrustedKey(key=SSlibKey.from_crypto(public), source=str(path))
-
-
-def default_trusted_key_paths(repo: Path) -> list[Path]:
-    """The default key's public half (if any) and every evidence/keys/*.pub.pem of the checkout."""
-    paths = [public_path_for(default_key_path())]
-    paths += sorted((repo / "evidence" / "keys").glob("*.pub.pem"))
-    return [p for p in paths if p.is_file()]

@@ -15,12 +15,16 @@ class StatementError(ValueError):
     """A payload that is not a gradsweep closeout statement."""
 
 
-def build_statement(predicate: Predicate) -> dict[str, Any]:
-    subjects = [
+def statement_subjects(predicate: Predicate) -> list[dict[str, Any]]:
+    """What the evidence is about: the manifest file and the source tree (shared by every statement)."""
+    return [
         {"name": f"manifest:{predicate.manifest.name}", "digest": {"sha256": predicate.manifest.sha256}},
         {"name": SOURCE_SUBJECT, "digest": {"sha256": predicate.source.sha256}},
     ]
-    return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE,
+
+
+def build_statement(predicate: Predicate) -> dict[str, Any]:
+    return {"_type": STATEMENT_TYPE, "subject": statement_subjects(predicate), "predicateType": PREDICATE_TYPE,
             "predicate": jsonable(predicate.model_dump(mode="python"))}
 
 

@@ -1,7 +1,8 @@
 """Status transitions between two evidence files, regressions first.
 
-A regression is a cell that is now red or error and was not (or was tracked and is now
-untracked); lost coverage is green turning blocked/skipped/absent; fixed is red/error turning green.
+A regression is a cell that is now red or error and was not (or was tracked and is now untracked);
+lost coverage is a cell that ran (green or red) and now does not (blocked, skipped, or gone); fixed is
+red/error turning green. Regressions and lost coverage fail ``gradsweep diff``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from gradsweep.evidence.predicate import CellRecord, Predicate
 
 ABSENT = "absent"
 KINDS = ("regression", "lost coverage", "fixed", "new", "changed")
+FAILING = ("regression", "lost coverage")
 
 
 @dataclass(frozen=True)
@@ -36,13 +38,20 @@ def _bad(rec: CellRecord | None) -> bool:
     return rec is not None and (rec.untracked_red or rec.result.status.value == "error")
 
 
+def _red(rec: CellRecord | None) -> bool:
+    return rec is not None and (rec.result.status.is_red or rec.result.status.value == "error")
+
+
+def _ran(rec: CellRecord | None) -> bool:
+    return rec is not None and (rec.result.status.value == "green" or rec.result.status.is_red)
+
+
 def _kind(old: CellRecord | None, new: CellRecord | None) -> str:
     if _bad(new) and not _bad(old):
         return "regression"
-    if new is not None and new.result.status.is_red and (old is None or old.result.status.value == "green"):
+    if _red(new) and not _red(old):
         return "regression"
-    was_green = old is not None and old.result.status.value == "green"
-    if was_green and (new is None or new.result.status.value != "green"):
+    if _ran(old) and not _ran(new) and not _red(new):
         return "lost coverage"
     if new is not None and new.result.status.value == "green" and old is not None:
         return "fixed"
@@ -65,6 +74,11 @@ def diff_predicates(old: Predicate, new: Predicate) -> list[Transition]:
     return sorted(found, key=lambda t: (KINDS.index(t.kind), t.cell))
 
 
+def failing(transitions: list[Transition]) -> list[Transition]:
+    """The transitions that fail a diff: regressions and lost coverage."""
+    return [t for t in transitions if t.kind in FAILING]
+
+
 def render_diff(transitions: list[Transition]) -> str:
     if not transitions:
         return "no status changes"
@@ -75,4 +89,8 @@ def render_diff(transitions: list[Transition]) -> str:
             lines.append(f"{kind.upper()} ({len(group)}):")
             lines += [f"  {t.cell}: {t.old} -> {t.new}" + (f"  [{t.detail}]" if t.detail else "")
                       for t in group]
+    regressions = sum(1 for t in transitions if t.kind == "regression")
+    lost = sum(1 for t in transitions if t.kind == "lost coverage")
+    lines.append(f"FAIL: {regressions} regression(s), {lost} cell(s) of lost coverage" if regressions or lost
+                 else "OK: no regression, no lost coverage")
     return "\n".join(lines)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 
 from gradsweep.evidence.predicate import Predicate
 from gradsweep.report.labels import detail
 
 
-def render_junit(pred: Predicate) -> str:
-    suites = ET.Element("testsuites", name=f"gradsweep {pred.manifest.name}")
+def render_junit(pred: Predicate, banners: Sequence[str] = ()) -> str:
+    """Banners (UNVERIFIED, non-default code) go into the suites' name and each suite's properties."""
+    flag = " (UNVERIFIED)" if any(b.startswith("UNVERIFIED") for b in banners) else ""
+    suites = ET.Element("testsuites", name=f"gradsweep {pred.manifest.name}{flag}")
     by_profile: dict[str, list] = {}
     for rec in pred.cells:
         by_profile.setdefault(rec.result.key.profile, []).append(rec)
@@ -20,6 +23,10 @@ def render_junit(pred: Predicate) -> str:
         suite = ET.SubElement(suites, "testsuite", name=profile, tests=str(len(recs)), failures=str(failures),
                               errors="0", skipped=str(skipped),
                               time=f"{sum(r.result.duration_s for r in recs):.3f}")
+        if banners:
+            props = ET.SubElement(suite, "properties")
+            for i, banner in enumerate(banners):
+                ET.SubElement(props, "property", name=f"gradsweep.warning.{i}", value=banner)
         for rec in recs:
             key = rec.result.key
             case = ET.SubElement(suite, "testcase", classname=f"gradsweep.{profile}.{key.op}",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gradsweep.evidence.predicate import Predicate
 from gradsweep.report.grid import build_grid, problems, tally_text
 from gradsweep.report.labels import detail, glyph
@@ -11,12 +13,14 @@ def _esc(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(pred: Predicate) -> str:
+def render_markdown(pred: Predicate, banners: Sequence[str] = (), note: str | None = None) -> str:
     grid = build_grid(pred)
     run = pred.runs[0].provenance if pred.runs else None
     where = f"{run.gpu_name or 'no GPU'} ({run.sm or 'no CUDA'}), torch {run.torch}" if run else "unknown"
     icon = "✅" if pred.verdict.exit_code == 0 else "❌"
     out = [f"## gradsweep: {pred.manifest.name} {icon}", "",
+           *[f"> **⚠️ {_esc(b)}**\n" for b in banners],
+           *([f"_{_esc(note)}_", ""] if note else []),
            f"**{_esc(pred.verdict.summary)}** (exit {pred.verdict.exit_code})", "",
            f"{_esc(tally_text(pred))}", "",
            f"Source `{pred.source.sha256[:16]}`, contract {pred.contract.version}, "

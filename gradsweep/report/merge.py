@@ -1,7 +1,9 @@
 """Merge shard evidence into one signed evidence equal to the unsharded sweep's.
 
 Refuses (BadInput) shards that do not verify, come from different manifests, trees, contracts,
-filters or tracked-reds lists, repeat or miss a shard, or repeat or miss a cell.
+filters, reruns, tracked-reds lists or extension builds, repeat or miss a shard, or repeat or miss a
+cell; and an output that is one of the shards, the key, or evidence of another manifest (without
+--force).
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from typing import Any
 
 from securesystemslib.signer import Signer
 
-from gradsweep.evidence.envelope import seal, write_atomic
 from gradsweep.evidence.predicate import Predicate
-from gradsweep.evidence.signing import TrustedKey
-from gradsweep.evidence.statement import build_statement
+from gradsweep.evidence.result_statement import result_statement_path
+from gradsweep.evidence.trust import Signer as TrustedSigner
 from gradsweep.evidence.verify import EvidenceError, check_signature
 from gradsweep.sweep.assemble import assemble_predicate
 from gradsweep.sweep.errors import BadInput
+from gradsweep.sweep.outputs import check_not_input, check_replace_evidence, check_writable
 from gradsweep.sweep.shard import cells_digest, parse_shard
 
 
@@ -51,13 +53,17 @@ def _check_shards(preds: list[tuple[Path, Predicate]]) -> list[str]:
     return sorted(seen, key=lambda s: parse_shard(s).index)
 
 
-def merge_shards(paths: list[Path], trusted: list[TrustedKey], signer: Signer, out: Path,
-                 strict: bool = False) -> Predicate:
+def merge_shards(paths: list[Path], trusted: list[TrustedSigner], signer: Signer, out: Path,
+                 strict: bool = False, force: bool = False, key_path: Path | None = None) -> Predicate:
     """Verify each shard, check they add up to exactly one sweep, write re-signed merged evidence."""
+    from gradsweep.sweep.api import write_evidence
+
     if not paths:
         raise BadInput("merge: give the shard evidence files")
-    if out.is_dir():
-        raise BadInput(f"merge: -o {out}: is a directory; give a file path")
+    check_writable(out)
+    inputs: dict[str, Path | None] = {f"shard {p}": p for p in paths}
+    inputs["signing key"] = key_path
+    check_not_input({"output": out, "test result": result_statement_path(out)}, inputs)
     preds: list[tuple[Path, Predicate]] = []
     for path in paths:
         try:
@@ -70,7 +76,12 @@ def merge_shards(paths: list[Path], trusted: list[TrustedKey], signer: Signer, o
     _same(preds, "contract", lambda p: p.contract)
     _same(preds, "filters", lambda p: (p.selection.ops, p.selection.profiles, p.selection.layouts,
                                        p.selection.cells_total, p.selection.cells_digest))
-    _same(preds, "tracked reds", lambda p: (p.tracked_file, p.tracked_entries))
+    _same(preds, "reruns", lambda p: p.selection.reruns)
+    _same(preds, "tracked reds", lambda p: (p.tracked_file, p.tracked_sha256, p.tracked_entries))
+    _same(preds, "built extension (build it once and share it, or run shards without one)",
+          lambda p: (p.extension.sha256 if p.extension else None))
+    _same(preds, "evidence format", lambda p: p.schema_version)
+    check_replace_evidence(out, preds[0][1].manifest.name, force)
     shards = _check_shards(preds)
     owner: dict[str, Path] = {}
     results = []
@@ -91,6 +102,7 @@ def merge_shards(paths: list[Path], trusted: list[TrustedKey], signer: Signer, o
     runs.sort(key=lambda r: parse_shard(r.shard).index if r.shard else 0)
     merged = assemble_predicate(manifest=first.manifest, contract=first.contract, source=first.source,
                                 selection=selection, runs=runs, results=results,
-                                tracked=first.tracked_entries, tracked_file=first.tracked_file, strict=strict)
-    write_atomic(out, seal(build_statement(merged), signer))
+                                tracked=first.tracked_entries, tracked_file=first.tracked_file,
+                                tracked_sha256=first.tracked_sha256, extension=first.extension, strict=strict)
+    write_evidence(out, merged, signer)
     return merged

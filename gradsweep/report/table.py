@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -27,8 +29,14 @@ def matrix_table(pred: Predicate) -> Table:
     return table
 
 
-def render_report(pred: Predicate, console: Console, max_problems: int = 40) -> None:
-    """Matrix, legend, the cells that need a look, stale tracked entries, tally and verdict."""
+def render_report(pred: Predicate, console: Console, max_problems: int = 40, banners: Sequence[str] = (),
+                  note: str | None = None) -> None:
+    """Banners (UNVERIFIED, non-default code), matrix, legend, the cells that need a look, stale tracked
+    entries, tally and verdict; banners are repeated at the end so neither end of the output hides them."""
+    for banner in banners:
+        console.print(Text(banner, style="bold white on red"))
+    if note:
+        console.print(Text(note, style="dim"))
     console.print(matrix_table(pred))
     console.print(Text(LEGEND, style="dim"))
     listed = [r for r in problems(pred) if not r.result.status.is_blocked]
@@ -52,3 +60,5 @@ def render_report(pred: Predicate, console: Console, max_problems: int = 40) -> 
                            f"{where} (fix: {entry.fix})", style="yellow"))
     style = "bold green" if pred.verdict.exit_code == 0 else "bold red"
     console.print(Group(Text(tally_text(pred)), Text(pred.verdict.summary, style=style)))
+    for banner in banners:
+        console.print(Text(banner, style="bold white on red"))

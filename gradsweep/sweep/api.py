@@ -6,7 +6,6 @@ Every bad input is raised as BadInput by ``prepare_sweep``, before any file is c
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -15,16 +14,23 @@ from pathlib import Path
 from securesystemslib.signer import CryptoSigner
 
 from gradsweep.evidence.envelope import seal, write_atomic
-from gradsweep.evidence.predicate import ManifestRef, Predicate, RunRecord, Selection, SourceRef
+from gradsweep.evidence.extension import extension_digest
+from gradsweep.evidence.paths import portable_argv, portable_path
+from gradsweep.evidence.predicate import ExtensionRef, ManifestRef, Predicate, RunRecord, Selection, SourceRef
 from gradsweep.evidence.provenance import Provenance, collect_provenance
-from gradsweep.evidence.signing import KeyFileError, resolve_signer
-from gradsweep.evidence.source_digest import TreeDigest, repo_root, tree_digest
+from gradsweep.evidence.result_statement import build_result_statement, result_statement_path
+from gradsweep.evidence.signing import KeyFileError, public_path_for, resolve_signer, signing_key_location
+from gradsweep.evidence.source_digest import TreeDigest, file_sha256, repo_root, tree_digest
 from gradsweep.evidence.statement import build_statement
+from gradsweep.evidence.trust import default_trust_file
 from gradsweep.results import CellKey, CellResult
 from gradsweep.sweep.assemble import assemble_predicate
 from gradsweep.sweep.errors import BadInput
 from gradsweep.sweep.manifest_info import ManifestInfo, load_info
+from gradsweep.sweep.memory import FreeMemory, check_memory, measured_free
+from gradsweep.sweep.outputs import check_not_input, check_replace_evidence, check_writable
 from gradsweep.sweep.partial import PartialLog, partial_path
+from gradsweep.sweep.placement import placed_profiles, visible_gpus
 from gradsweep.sweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
 from gradsweep.sweep.runner import DEFAULT_TIMEOUT_S, RunSpec, default_jobs, run_cells
 from gradsweep.sweep.shard import Shard, cells_digest, parse_shard, select_shard
@@ -46,15 +52,20 @@ class SweepOptions:
     shard: str | None = None
     out: Path | None = None
     resume: bool = False
+    force: bool = False
     strict: bool = False
     jobs: int | None = None
     cell_timeout: float | None = None
+    reruns: int | None = None
     key: Path | None = None
     tracked: Path | None = None
+    allow_plugins: bool = False
     cell_fn: str = DEFAULT_CELL_FN
     loader: str = DEFAULT_LOADER
     tree: Path | None = None
     argv: list[str] = field(default_factory=list)
+    gpus: list[str] | None = None  # CUDA_VISIBLE_DEVICES ids to place workers on; None: detect
+    free_memory: FreeMemory = measured_free  # injectable for tests
 
 
 @dataclass
@@ -74,6 +85,12 @@ class SweepPlan:
     started_at: str
     jobs: int
     timeout_s: float
+    reruns: int
+    gpus: list[str]
+    placed: frozenset[str]
+    root: Path
+    tracked_sha256: str | None
+    extension: tuple[Path, str] | None
 
     @property
     def remaining(self) -> list[CellKey]:
@@ -85,6 +102,7 @@ class SweepPlan:
 class SweepOutcome:
     predicate: Predicate
     out: Path
+    result_statement: Path
     exit_code: int
 
 
@@ -113,65 +131,92 @@ def default_out(info: ManifestInfo, shard: Shard | None) -> Path:
     return Path("out") / f"{info.name}{suffix}.evidence.json"
 
 
-def _check_out(out: Path) -> None:
-    if out.is_dir():
-        raise BadInput(f"--out {out}: is a directory; give a file path")
-    parent = out.parent if str(out.parent) else Path(".")
-    probe = parent
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise BadInput(f"--out {out}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK):
-        raise BadInput(f"--out {out}: {probe} is not writable")
-    if partial_path(out).is_dir():
-        raise BadInput(f"--out {out}: {partial_path(out)} is a directory")
-
-
-def prepare_sweep(opts: SweepOptions, say: Say) -> SweepPlan:
-    """Validate every input and resolve the key; raises BadInput and writes nothing on bad input."""
+def _check_options(opts: SweepOptions) -> Shard | None:
     shard = parse_shard(opts.shard) if opts.shard else None
     if opts.jobs is not None and opts.jobs < 1:
         raise BadInput(f"--jobs {opts.jobs}: must be at least 1")
     if opts.cell_timeout is not None and opts.cell_timeout <= 0:
         raise BadInput(f"--cell-timeout {opts.cell_timeout:g}: must be positive")
-    info = load_info(opts.manifest, opts.loader)
+    if opts.reruns is not None and opts.reruns < 1:
+        raise BadInput(f"--reruns {opts.reruns}: must be at least 1")
+    return shard
+
+
+def _check_outputs(opts: SweepOptions, info: ManifestInfo, out: Path, tracked_path: Path | None) -> None:
+    """The evidence, the test result and the partial log may not land on an input or on foreign evidence."""
+    check_writable(out)
+    partial = partial_path(out)
+    if partial.is_dir():
+        raise BadInput(f"--out {out}: {partial} is a directory")
+    key = signing_key_location(opts.key)
+    check_not_input({"output": out, "partial log": partial, "test result": result_statement_path(out)},
+                    {"manifest": info.path, "contract": info.contract_path, "tracked-reds file": tracked_path,
+                     "signing key": key, "signing key's public key": public_path_for(key),
+                     "trust file": default_trust_file()})
+    check_replace_evidence(out, info.name, opts.force)
+
+
+def _resume(opts: SweepOptions, partial: PartialLog, cells: list[CellKey], say: Say,
+            started: str) -> tuple[list[CellResult], str]:
+    """Results kept from an interrupted run; without --resume, a log with finished cells is refused."""
+    if not opts.resume:
+        found = partial.count_results()
+        if found:
+            raise BadInput(f"{partial.path} holds {found} finished cell(s) of an interrupted run; pass --resume "
+                           "to continue it, or delete the file to start over")
+        return [], started
+    kept, earlier = partial.read_resumable()
+    wanted = {c.id for c in cells}
+    kept = [r for r in kept if r.key.id in wanted]
+    if earlier:
+        started = earlier
+        partial.header["started_at"] = earlier
+    say(f"resuming: {len(kept)} of {len(cells)} cells already done, {len(cells) - len(kept)} to run"
+        if kept or earlier else f"--resume: no partial results at {partial.path}; starting fresh")
+    return kept, started
+
+
+def prepare_sweep(opts: SweepOptions, say: Say) -> SweepPlan:
+    """Validate every input and resolve the key; raises BadInput and writes nothing on bad input."""
+    shard = _check_options(opts)
+    info = load_info(opts.manifest, opts.loader, opts.allow_plugins)
     filtered = select_cells(info, opts.ops, opts.profiles, opts.layouts)
     cells = select_shard(filtered, shard)
     out = opts.out or default_out(info, shard)
-    _check_out(out)
-    tracked_path = opts.tracked or default_tracked_path(info.path)
     if opts.tracked is not None and not opts.tracked.is_file():
         raise BadInput(f"--tracked {opts.tracked}: no such file")
-    tracked = load_tracked(tracked_path) if tracked_path.is_file() else []
+    tracked_path = opts.tracked or default_tracked_path(info.path)
+    tracked_path = tracked_path if tracked_path.is_file() else None
+    tracked = load_tracked(tracked_path) if tracked_path else []
+    _check_outputs(opts, info, out, tracked_path)
+    gpu_profiles = {p for p, d in info.profile_device.items() if d in ("cuda", "auto")}
+    gpus = opts.gpus if opts.gpus is not None else (visible_gpus() if gpu_profiles else [])
+    placed = placed_profiles(info.profile_device, info.profile_env, gpus)
+    check_memory(info.manifest, cells, gpus_visible=bool(gpus), free=opts.free_memory)
+    root = (opts.tree or repo_root()).resolve()
+    source = tree_digest(root)
+    reruns = opts.reruns or info.reruns
+    ext = extension_digest(root)
+    header = {"manifest_sha256": info.sha256, "source_sha256": source.sha256, "cell_fn": opts.cell_fn,
+              "loader": opts.loader, "contract_sha256": info.contract.sha256, "reruns": reruns,
+              "extension_sha256": ext[1] if ext else None, "cells_digest": cells_digest(cells),
+              "started_at": now_utc()}
+    partial = PartialLog(partial_path(out), header)
+    kept, started = _resume(opts, partial, cells, say, header["started_at"])
     try:
         signer, _key_path = resolve_signer(opts.key, say)
     except KeyFileError as exc:
         raise BadInput(str(exc)) from None
-    source = tree_digest(opts.tree or repo_root())
     selection = Selection(ops=opts.ops or None, profiles=opts.profiles or None, layouts=opts.layouts or None,
                           cells_total=len(filtered), cells_digest=cells_digest(filtered),
-                          shards=[shard.spec] if shard else [])
-    started = now_utc()
-    header = {"manifest_sha256": info.sha256, "source_sha256": source.sha256, "cell_fn": opts.cell_fn,
-              "cells_digest": cells_digest(cells), "started_at": started}
-    partial = PartialLog(partial_path(out), header)
-    kept: list[CellResult] = []
-    if opts.resume:
-        kept, earlier = partial.read_resumable()
-        wanted = {c.id for c in cells}
-        kept = [r for r in kept if r.key.id in wanted]
-        if earlier:
-            started = earlier
-            partial.header["started_at"] = earlier
-        say(f"resuming: {len(kept)} of {len(cells)} cells already done, {len(cells) - len(kept)} to run"
-            if kept or earlier else f"--resume: no partial results at {partial.path}; starting fresh")
+                          shards=[shard.spec] if shard else [], reruns=reruns)
     timeout = opts.cell_timeout or info.cell_timeout_s or DEFAULT_TIMEOUT_S
+    jobs = opts.jobs or (len(gpus) if placed else default_jobs())
     return SweepPlan(opts=opts, info=info, selection=selection, shard=shard, cells=cells, out=out,
-                     signer=signer, tracked=tracked,
-                     tracked_path=tracked_path if tracked_path.is_file() else None,
-                     source=source, partial=partial, kept=kept, started_at=started,
-                     jobs=opts.jobs or default_jobs(), timeout_s=float(timeout))
+                     signer=signer, tracked=tracked, tracked_path=tracked_path, source=source, partial=partial,
+                     kept=kept, started_at=started, jobs=jobs, timeout_s=float(timeout), reruns=reruns,
+                     gpus=gpus, placed=placed, root=root,
+                     tracked_sha256=file_sha256(tracked_path) if tracked_path else None, extension=ext)
 
 
 def execute_sweep(plan: SweepPlan, on_result: Callable[[CellResult], None] | None = None,
@@ -180,7 +225,7 @@ def execute_sweep(plan: SweepPlan, on_result: Callable[[CellResult], None] | Non
 
     On an interruption (KeyboardInterrupt) the partial log stays for ``--resume``.
     """
-    provenance = provenance or collect_provenance(plan.opts.tree or repo_root())
+    provenance = provenance or collect_provenance(plan.root)
     plan.partial.open(plan.kept)
     results = list(plan.kept)
 
@@ -192,34 +237,51 @@ def execute_sweep(plan: SweepPlan, on_result: Callable[[CellResult], None] | Non
 
     spec = RunSpec(manifest_path=plan.info.path, cells=plan.remaining, profile_env=plan.info.profile_env,
                    cell_fn=plan.opts.cell_fn, loader=plan.opts.loader, timeout_s=plan.timeout_s,
-                   jobs=plan.jobs)
+                   jobs=plan.jobs, reruns=plan.opts.reruns, allow_plugins=plan.opts.allow_plugins,
+                   gpus=plan.gpus, placed=plan.placed)
     try:
         run_cells(spec, record)
     finally:
         plan.partial.close()
     run = RunRecord(shard=plan.shard.spec if plan.shard else None, started_at=plan.started_at,
-                    finished_at=now_utc(), argv=plan.opts.argv, jobs=plan.jobs, cell_timeout_s=plan.timeout_s,
-                    resumed_cells=len(plan.kept), cell_fn=plan.opts.cell_fn, provenance=provenance)
+                    finished_at=now_utc(), argv=portable_argv(plan.opts.argv, plan.root), jobs=plan.jobs,
+                    cell_timeout_s=plan.timeout_s, resumed_cells=len(plan.kept), cell_fn=plan.opts.cell_fn,
+                    loader=plan.opts.loader, plugins=plan.info.plugins if plan.opts.allow_plugins else [],
+                    provenance=provenance)
     predicate = build_predicate(plan, results, [run])
-    write_atomic(plan.out, seal(build_statement(predicate), plan.signer))
+    result_path = write_evidence(plan.out, predicate, plan.signer)
     plan.partial.remove()
-    return SweepOutcome(predicate=predicate, out=plan.out, exit_code=predicate.verdict.exit_code)
+    return SweepOutcome(predicate=predicate, out=plan.out, result_statement=result_path,
+                        exit_code=predicate.verdict.exit_code)
+
+
+def write_evidence(out: Path, predicate: Predicate, signer: CryptoSigner) -> Path:
+    """The Test Result statement first, then the evidence: a present evidence file has its companion."""
+    result_path = result_statement_path(out)
+    write_atomic(result_path, seal(build_result_statement(predicate), signer))
+    write_atomic(out, seal(build_statement(predicate), signer))
+    return result_path
+
+
+def _extension_ref(root: Path, found: tuple[Path, str] | None, provenance: Provenance | None,
+                   ) -> ExtensionRef | None:
+    if found is None:
+        return None
+    path, digest = found
+    build = provenance.cuda_extension if provenance is not None else None
+    return ExtensionRef(path=portable_path(path, root), sha256=digest, build=build)
 
 
 def build_predicate(plan: SweepPlan, results: list[CellResult], runs: list[RunRecord]) -> Predicate:
-    info = plan.info
+    info, root = plan.info, plan.root
+    contract = info.contract.model_copy(update={
+        "path": portable_path(info.contract_path, root) if info.contract_path else None})
     return assemble_predicate(
-        manifest=ManifestRef(name=info.name, version=info.version, path=display_path(info.path),
+        manifest=ManifestRef(name=info.name, version=info.version, path=portable_path(info.path, root),
                              sha256=info.sha256),
-        contract=info.contract,
+        contract=contract,
         source=SourceRef(sha256=plan.source.sha256, files=plan.source.files, roots=list(plan.source.roots)),
         selection=plan.selection, runs=runs, results=results, tracked=plan.tracked,
-        tracked_file=display_path(plan.tracked_path) if plan.tracked_path else None, strict=plan.opts.strict)
-
-
-def display_path(path: Path) -> str:
-    """Repo-relative when inside the checkout, so evidence does not leak home directories."""
-    try:
-        return path.resolve().relative_to(repo_root()).as_posix()
-    except ValueError:
-        return path.name
+        tracked_file=portable_path(plan.tracked_path, root) if plan.tracked_path else None,
+        tracked_sha256=plan.tracked_sha256,
+        extension=_extension_ref(root, plan.extension, runs[0].provenance if runs else None), strict=plan.opts.strict)

@@ -5,7 +5,15 @@ Shared by sweep and merge so a merged evidence is judged exactly like an unshard
 
 from __future__ import annotations
 
-from gradsweep.evidence.predicate import ContractRef, ManifestRef, Predicate, RunRecord, Selection, SourceRef
+from gradsweep.evidence.predicate import (
+    ContractRef,
+    ExtensionRef,
+    ManifestRef,
+    Predicate,
+    RunRecord,
+    Selection,
+    SourceRef,
+)
 from gradsweep.results import CellResult
 from gradsweep.sweep.tally import mark, tally, verdict
 from gradsweep.sweep.tracked import TrackedEntry
@@ -22,9 +30,11 @@ def generator_name() -> str:
 
 def assemble_predicate(*, manifest: ManifestRef, contract: ContractRef, source: SourceRef,
                        selection: Selection, runs: list[RunRecord], results: list[CellResult],
-                       tracked: list[TrackedEntry], tracked_file: str | None, strict: bool) -> Predicate:
+                       tracked: list[TrackedEntry], tracked_file: str | None, tracked_sha256: str | None,
+                       extension: ExtensionRef | None, strict: bool) -> Predicate:
     records = mark(results, tracked)
     counts, stale = tally(records, tracked)
     return Predicate(generator=generator_name(), manifest=manifest, contract=contract, source=source,
-                     selection=selection, runs=runs, tracked_file=tracked_file, tracked_entries=tracked,
+                     selection=selection, runs=runs, tracked_file=tracked_file, tracked_sha256=tracked_sha256,
+                     extension=extension, tracked_entries=tracked,
                      stale_tracked=stale, cells=records, tally=counts, verdict=verdict(counts, strict))

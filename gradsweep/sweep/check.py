@@ -1,7 +1,8 @@
 """``gradsweep check``: one cell, in this process, with every per-tensor diagnostic.
 
 The profile's environment is applied before the manifest (and so the harness) is imported: it is
-read from the raw YAML first, since the manifest loader itself may import kernels.
+read from the raw YAML first, since the manifest loader itself may import kernels, and it passes the
+same allowlist as a loaded manifest's (sweep.env_policy) before anything is applied.
 """
 
 from __future__ import annotations
@@ -17,30 +18,59 @@ from rich.table import Table
 
 from gradsweep.evidence.predicate import CellRecord
 from gradsweep.results import CellKey
-from gradsweep.sweep.errors import BadInput
+from gradsweep.sweep.env_policy import env_problem
+from gradsweep.sweep.errors import BadInput, one_line
 from gradsweep.sweep.manifest_info import default_manifest_path, load_info
+from gradsweep.sweep.memory import FreeMemory, check_memory, measured_free
+from gradsweep.sweep.placement import visible_gpus
 from gradsweep.sweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER, resolve
 from gradsweep.sweep.tally import tally, verdict
 from gradsweep.sweep.tracked import default_tracked_path, load_tracked, match_entry
-from gradsweep.sweep.worker import run_one
+from gradsweep.sweep.worker import run_one, with_reruns
 
 
-def _raw_profile_env(path: Path, profile: str) -> dict[str, str]:
+def raw_profile_env(path: Path, profile: str) -> dict[str, str]:
+    """A profile's env from the raw YAML, refused (BadInput) if a name is not allowlisted."""
     try:
         data = yaml.safe_load(path.read_text())
         env = data["profiles"][profile].get("env") or {}
-        return {str(k): str(v) for k, v in env.items()}
+        env = {str(k): str(v) for k, v in env.items()}
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
         return {}  # the loader reports what is wrong with the file
+    for name in env:
+        problem = env_problem(name)
+        if problem is not None:
+            raise BadInput(f"manifest {path}: field 'profiles.{profile}.env': {problem}; see docs/manifests.md")
+    return env
+
+
+def _check_candidate(manifest: Any, key: CellKey, candidate: str) -> None:
+    """--candidate must name an implementation of the op in the profile's family (a profile never borrows)."""
+    from gradsweep.manifest import Manifest
+    from gradsweep.ops.registry import get_op
+
+    if not isinstance(manifest, Manifest):
+        return
+    cands = get_op(key.op).candidates
+    if candidate not in cands:
+        raise BadInput(f"--candidate {candidate!r}: not an implementation of {key.op} "
+                       f"(known: {', '.join(sorted(cands))})")
+    family = manifest.profiles[key.profile].family
+    if cands[candidate].family != family:
+        raise BadInput(f"--candidate {candidate!r}: a {cands[candidate].family} implementation; profile "
+                       f"{key.profile} is {family} and never borrows another family's implementation")
 
 
 def check_cell(manifest: Path | None, op: str, profile: str, layout: str, candidate: str | None = None,
-               cell_fn: str = DEFAULT_CELL_FN, loader: str = DEFAULT_LOADER) -> tuple[CellRecord, int]:
+               cell_fn: str = DEFAULT_CELL_FN, loader: str = DEFAULT_LOADER, reruns: int | None = None,
+               allow_plugins: bool = False, free_memory: FreeMemory = measured_free) -> tuple[CellRecord, int]:
     """Run one cell in-process; returns its record (tracked mark applied) and the exit code."""
+    if reruns is not None and reruns < 1:
+        raise BadInput(f"--reruns {reruns}: must be at least 1")
     path = Path(manifest) if manifest is not None else default_manifest_path()
     if path.is_file():
-        os.environ.update(_raw_profile_env(path, profile))
-    info = load_info(path, loader)
+        os.environ.update(raw_profile_env(path, profile))
+    info = load_info(path, loader, allow_plugins)
     key = CellKey(op=op, profile=profile, layout=layout)
     if key not in info.cells:
         known = {"op": {c.op for c in info.cells}, "profile": {c.profile for c in info.cells},
@@ -50,7 +80,13 @@ def check_cell(manifest: Path | None, op: str, profile: str, layout: str, candid
                 raise BadInput(f"unknown {kind} {name!r} (known: {', '.join(sorted(known[kind]))})")
         raise BadInput(f"cell {key.id} is not in the manifest (the op does not run in that layout)")
     os.environ.update(info.profile_env.get(profile, {}))
-    fn: Any = resolve(cell_fn)
+    if candidate is not None:
+        _check_candidate(info.manifest, key, candidate)
+    check_memory(info.manifest, [key], gpus_visible=bool(visible_gpus()), free=free_memory)
+    try:
+        fn: Any = resolve(cell_fn)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise BadInput(f"cell function {cell_fn!r}: cannot import ({one_line(exc)})") from None
     if candidate is not None:
         if "candidate" not in inspect.signature(fn).parameters:
             raise BadInput(f"--candidate: the cell function {cell_fn} does not take a candidate")
@@ -58,7 +94,11 @@ def check_cell(manifest: Path | None, op: str, profile: str, layout: str, candid
 
         def fn(m: Any, k: CellKey) -> Any:
             return base(m, k, candidate=candidate)
-    result = run_one(fn, info.manifest, key)
+    try:
+        manifest_run = with_reruns(info.manifest, reruns)
+    except TypeError as exc:
+        raise BadInput(f"--reruns: {exc}") from None
+    result = run_one(fn, manifest_run, key, show_traceback=False)
     tracked_path = default_tracked_path(info.path)
     entries = load_tracked(tracked_path) if tracked_path.is_file() else []
     rec = CellRecord(result=result, tracked=match_entry(entries, result))

@@ -13,8 +13,10 @@ from typing import Any
 from gradsweep.evidence.predicate import ContractRef
 from gradsweep.evidence.source_digest import file_sha256
 from gradsweep.results import CellKey
+from gradsweep.sweep.env_policy import check_profile_env
 from gradsweep.sweep.errors import BadInput, one_line
 from gradsweep.sweep.resolve import DEFAULT_LOADER, resolve
+from gradsweep.sweep.worker import load_with
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,12 @@ class ManifestInfo:
     sha256: str
     cells: list[CellKey]
     profile_env: dict[str, dict[str, str]]
+    profile_device: dict[str, str]
     contract: ContractRef
+    contract_path: Path | None
     cell_timeout_s: float | None
+    reruns: int
+    plugins: list[str]
     manifest: Any
 
 
@@ -36,19 +42,25 @@ def default_manifest_path() -> Path:
     return Path(DEFAULT_MANIFEST)
 
 
-def _contract(manifest: Any) -> ContractRef:
-    if hasattr(manifest, "contract_version"):  # test fakes declare it directly
-        return ContractRef(version=str(manifest.contract_version), path=None)
-    path = Path(manifest.contract_path)
-    from gradsweep.contract import load_contract
+def _contract(manifest: Any) -> tuple[ContractRef, Path | None]:
+    """The contract's version, and its file (None for test fakes that declare a version only)."""
+    raw = getattr(manifest, "contract_path", None)
+    path = Path(raw) if raw is not None else None
+    if hasattr(manifest, "contract_version"):  # test fakes declare the version directly
+        version = str(manifest.contract_version)
+    else:
+        from gradsweep.contract import load_contract
 
-    try:
-        return ContractRef(version=str(load_contract(path).version), path=str(path))
-    except ValueError as exc:
-        raise BadInput(one_line(exc)) from None
+        try:
+            version = str(load_contract(path).version)
+        except ValueError as exc:
+            raise BadInput(one_line(exc)) from None
+    if path is not None and not path.is_file():
+        raise BadInput(f"contract {path}: no such file")
+    return ContractRef(version=version, sha256=file_sha256(path) if path else None), path
 
 
-def load_info(path: Path | None, loader: str = DEFAULT_LOADER) -> ManifestInfo:
+def load_info(path: Path | None, loader: str = DEFAULT_LOADER, allow_plugins: bool = False) -> ManifestInfo:
     """Load and summarise a manifest; every problem with the file is BadInput (one line)."""
     path = Path(path) if path is not None else default_manifest_path()
     if not path.exists():
@@ -56,12 +68,25 @@ def load_info(path: Path | None, loader: str = DEFAULT_LOADER) -> ManifestInfo:
     if path.is_dir():
         raise BadInput(f"manifest {path}: is a directory; pass a YAML file")
     try:
-        manifest = resolve(loader)(path)
+        load = resolve(loader)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise BadInput(f"manifest loader {loader!r}: cannot import ({one_line(exc)})") from None
+    try:
+        manifest = load_with(load, str(path), allow_plugins)
     except ValueError as exc:
         raise BadInput(one_line(exc)) from None
+    for name, spec in manifest.profiles.items():  # whatever the loader, a manifest stays data
+        try:
+            check_profile_env(dict(spec.env))
+        except ValueError as exc:
+            raise BadInput(f"manifest {path}: field 'profiles.{name}.env': {exc}") from None
     timeout = getattr(manifest, "cell_timeout_s", None)
+    contract, contract_path = _contract(manifest)
     return ManifestInfo(
         path=path.resolve(), name=str(manifest.name), version=int(manifest.manifest_version),
         sha256=file_sha256(path), cells=list(manifest.cells()),
         profile_env={name: dict(spec.env) for name, spec in manifest.profiles.items()},
-        contract=_contract(manifest), cell_timeout_s=float(timeout) if timeout else None, manifest=manifest)
+        profile_device={name: str(getattr(spec, "device", "cpu")) for name, spec in manifest.profiles.items()},
+        contract=contract, contract_path=contract_path,
+        cell_timeout_s=float(timeout) if timeout else None, reruns=int(getattr(manifest, "reruns", 1) or 1),
+        plugins=list(getattr(manifest, "plugins", []) or []), manifest=manifest)

@@ -60,6 +60,16 @@ class PartialLog:
             results[result.key.id] = result
         return list(results.values()), head["header"].get("started_at")
 
+    def count_results(self) -> int:
+        """How many finished cells an existing log holds (0 when there is none): what a fresh start would lose."""
+        if not self.path.is_file():
+            return 0
+        try:
+            lines = self.path.read_bytes().splitlines()
+        except OSError:
+            return 0
+        return sum(1 for raw in lines[1:] if b'"result"' in raw)
+
     def open(self, keep: list[CellResult]) -> None:
         """Start the log afresh with the header and the results being kept."""
         self.path.parent.mkdir(parents=True, exist_ok=True)

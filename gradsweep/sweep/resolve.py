@@ -5,8 +5,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-DEFAULT_CELL_FN = "gradsweep.harness:run_cell"
+DEFAULT_CELL_FN = "gradsweep.harness.cell:run_cell"
 DEFAULT_LOADER = "gradsweep.manifest:load_manifest"
+# Spellings of gradsweep's own harness and loader: anything else is flagged by verify and report.
+STOCK_CELL_FNS = frozenset({DEFAULT_CELL_FN, "gradsweep.harness:run_cell"})
+STOCK_LOADERS = frozenset({DEFAULT_LOADER})
 
 
 def resolve(ref: str) -> Any:

@@ -2,7 +2,9 @@
 
 Each worker gets its profile's environment before Python imports anything, runs cells one at a
 time and streams each result back. A segfault, abort or hang ends only the cell in flight (as
-``error``, naming the signal or the timeout); a fresh worker carries on with the rest.
+``error``, naming the signal or the timeout); a fresh worker carries on with the rest. With several
+GPUs visible, each worker of a GPU profile holds one GPU (see placement.py). Workers die with the
+sweep's parent process, whichever way it ends (see worker.die_with_parent).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gradsweep.results import CellKey, CellResult, Status
+from gradsweep.sweep.placement import VISIBLE, GpuSlots
 from gradsweep.sweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -43,6 +46,10 @@ class RunSpec:
     loader: str = DEFAULT_LOADER
     timeout_s: float = DEFAULT_TIMEOUT_S
     jobs: int = 1
+    reruns: int | None = None  # overrides the manifest's reruns in every worker
+    allow_plugins: bool = False  # let workers import the manifest's plugin modules
+    gpus: list[str] = field(default_factory=list)  # CUDA_VISIBLE_DEVICES ids to place workers on
+    placed: frozenset[str] = frozenset()  # profiles whose workers each hold one GPU of ``gpus``
 
 
 @dataclass
@@ -56,6 +63,8 @@ class _Worker:
     deadline: float = 0.0
     started: float = 0.0
     ready: bool = False
+    gpu: str | None = None
+    last_op: str | None = None
 
 
 def _error(key: CellKey, reason: str, duration: float = 0.0) -> CellResult:
@@ -94,11 +103,15 @@ def _exit_reason(code: int | None) -> str:
     return f"worker exited with code {code}"
 
 
-def _worker_env(profile_env: dict[str, str]) -> dict[str, str]:
+def _worker_env(profile_env: dict[str, str], gpu: str | None = None) -> dict[str, str]:
+    """The parent's environment, the profile's (allowlisted) variables, and this checkout first on the
+    path. The working directory is not added: a sitecustomize.py lying there must not run in a worker."""
     env = dict(os.environ)
     env.update(profile_env)
+    if gpu is not None:
+        env[VISIBLE] = gpu
     repo = str(Path(__file__).resolve().parents[2])
-    paths = [repo, os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [repo] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["PYTHONFAULTHANDLER"] = "1"
     return env
@@ -117,6 +130,7 @@ class Runner:
         self.start_failures: dict[str, int] = {}
         self.results: list[CellResult] = []
         self.sel = selectors.DefaultSelector()
+        self.slots = GpuSlots(spec.gpus)
 
     def run(self) -> list[CellResult]:
         try:
@@ -136,9 +150,12 @@ class Runner:
 
     def _pick_profile(self) -> str | None:
         """The profile most in need of another worker; an extra worker (each costs a start-up, e.g. a
-        torch import) only when its profile has more than two cells queued per running worker."""
+        torch import) only when its profile has more than two cells queued per running worker. A placed
+        profile needs a free GPU."""
         counts = {p: sum(1 for w in self.workers.values() if w.profile == p) for p in self.pending}
-        choices = [p for p, q in self.pending.items() if q and len(q) > 2 * counts[p]]
+        gpu_free = bool(self.slots.free)
+        choices = [p for p, q in self.pending.items() if q and len(q) > 2 * counts[p]
+                   and (p not in self.spec.placed or gpu_free)]
         if not choices:
             return None
         return max(choices, key=lambda p: (len(self.pending[p]) / (1 + counts[p]), -counts[p]))
@@ -151,13 +168,23 @@ class Runner:
             worker = self._spawn(profile)
             self._assign(worker)
 
+    def _next_key(self, worker: _Worker, queue: deque[CellKey]) -> CellKey:
+        """Keep a worker on one op (its cached baselines are per op), and send a second worker of the same
+        profile to an op nobody is on, so two workers do not compute the same baselines twice."""
+        busy = {w.last_op for w in self.workers.values() if w is not worker and w.profile == worker.profile}
+        pick = next((k for k in queue if k.op == worker.last_op), None) \
+            or next((k for k in queue if k.op not in busy), None) or queue[0]
+        queue.remove(pick)
+        return pick
+
     def _assign(self, worker: _Worker) -> None:
         queue = self.pending.get(worker.profile)
         if not queue:
             self._retire(worker)
             return
-        key = queue.popleft()
+        key = self._next_key(worker, queue)
         worker.current = key
+        worker.last_op = key.op
         worker.deadline = time.monotonic() + self.spec.timeout_s
         try:
             assert worker.proc.stdin is not None
@@ -167,16 +194,22 @@ class Runner:
             pass  # the worker died; its EOF is handled by _poll
 
     def _spawn(self, profile: str) -> _Worker:
+        gpu = self.slots.acquire() if profile in self.spec.placed else None
         read_fd, write_fd = os.pipe()
         log = tempfile.TemporaryFile()
         cmd = [sys.executable, "-m", "gradsweep.sweep.worker", "--manifest", str(self.spec.manifest_path),
-               "--cell-fn", self.spec.cell_fn, "--loader", self.spec.loader, "--fd", str(write_fd)]
+               "--cell-fn", self.spec.cell_fn, "--loader", self.spec.loader, "--fd", str(write_fd),
+               "--parent-pid", str(os.getpid())]
+        if self.spec.reruns is not None:
+            cmd += ["--reruns", str(self.spec.reruns)]
+        if self.spec.allow_plugins:
+            cmd.append("--allow-plugins")
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write_fd,),
-                                env=_worker_env(self.spec.profile_env.get(profile, {})),
+                                env=_worker_env(self.spec.profile_env.get(profile, {}), gpu),
                                 start_new_session=True)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
-        worker = _Worker(profile=profile, proc=proc, fd=read_fd, log=log)
+        worker = _Worker(profile=profile, proc=proc, fd=read_fd, log=log, gpu=gpu)
         self.workers[read_fd] = worker
         self.sel.register(read_fd, selectors.EVENT_READ, worker)
         return worker
@@ -204,6 +237,8 @@ class Runner:
         self._drop(worker)
 
     def _drop(self, worker: _Worker) -> None:
+        self.slots.release(worker.gpu)
+        worker.gpu = None
         if worker.fd in self.workers:
             self.sel.unregister(worker.fd)
             os.close(worker.fd)

@@ -2,7 +2,8 @@
 
 ``cell`` acts on the manifest's ``behaviour`` for the cell: green, red, no_backward, blocked,
 skipped, raise, segfault, abort, hang, exit, wrong_type. It first appends the cell id to the file
-named by $FAKE_CALL_LOG (so tests can count calls) and checks the worker got its profile's env.
+named by $FAKE_CALL_LOG (so tests can count calls), with its pid, CUDA_VISIBLE_DEVICES and the manifest's
+reruns when $FAKE_CALL_DETAIL is set, and checks the worker got its profile's env.
 """
 
 from __future__ import annotations
@@ -19,18 +20,22 @@ _STATUS = {"green": Status.GREEN, "red": Status.RED_VERDICT, "no_backward": Stat
            "blocked": Status.BLOCKED_HARDWARE, "skipped": Status.SKIPPED}
 
 
-def _log_call(key: CellKey) -> None:
+def _log_call(key: CellKey, manifest: Any) -> None:
     path = os.environ.get("FAKE_CALL_LOG")
     if path:
+        detail = ""
+        if os.environ.get("FAKE_CALL_DETAIL"):
+            gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
+            detail = f" pid={os.getpid()} gpu={gpu} reruns={getattr(manifest, 'reruns', None)}"
         with open(path, "a") as fh:
-            fh.write(key.id + "\n")
+            fh.write(key.id + detail + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 
 
 def cell(manifest: Any, key: CellKey) -> Any:
-    _log_call(key)
-    if os.environ.get("FAKE_PROFILE") not in (None, key.profile):
+    _log_call(key, manifest)
+    if os.environ.get("GRADSWEEP_FAKE_PROFILE") not in (None, key.profile):
         return CellResult(key=key, status=Status.ERROR, reason="worker env is another profile's")
     what = manifest.behaviour_of(key)
     if os.environ.get("FAKE_SLEEP"):
