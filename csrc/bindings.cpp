@@ -59,6 +59,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.attr("RMS_MAX_HIDDEN") = gs::kRmsMaxHidden;
   m.attr("ROPE_MAX_HEAD_DIM") = gs::kRopeMaxHeadDim;
+  m.attr("LLP_VCHUNK") = gs::kLlpVChunk;
 
   m.def("rms_norm_fwd", [](uintptr_t x, uintptr_t w, uintptr_t y, uintptr_t rstd, int64_t rows, int64_t hidden,
                            float eps, int device, uintptr_t stream) {
@@ -120,4 +121,110 @@ PYBIND11_MODULE(_C, m) {
     check(gs::rope(x, positions, y, rows, heads, head_dim, theta, inverse, device, stream), "rope");
   }, py::arg("x"), py::arg("positions"), py::arg("y"), py::arg("rows"), py::arg("heads"), py::arg("head_dim"),
      py::arg("theta"), py::arg("inverse"), py::arg("device"), py::arg("stream"));
+  m.def("qk_norm_dw_tiles", [](uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
+                               uintptr_t rstd, uintptr_t partial, int64_t heads, int64_t head_dim, int device,
+                               uintptr_t stream) {
+    check_rows(n_tiles, "qk_norm_dw_tiles");
+    require(tile > 0 && heads > 0, "qk_norm_dw_tiles: tile and heads must be positive");
+    require(head_dim >= 0 && (head_dim + 7) / 8 <= 65535LL * 128, "qk_norm_dw_tiles: head_dim too large");
+    check(gs::qk_norm_dw_tiles(plan, n_tiles, tile, dy, x, rstd, partial, heads, head_dim, device, stream),
+          "qk_norm_dw_tiles");
+  }, py::arg("plan"), py::arg("n_tiles"), py::arg("tile"), py::arg("dy"), py::arg("x"), py::arg("rstd"),
+     py::arg("partial"), py::arg("heads"), py::arg("head_dim"), py::arg("device"), py::arg("stream"));
+
+  auto check_cols = [](int64_t cols, const char* what) {
+    require(cols >= 0 && (cols + 7) / 8 <= 65535LL * 128, std::string(what) + ": row length too large");
+  };
+  m.def("embedding_fwd", [check_cols](uintptr_t ids, uintptr_t weight, uintptr_t y, int64_t rows, int64_t vocab,
+                                      int64_t hidden, int device, uintptr_t stream) {
+    check_rows(rows, "embedding_fwd");
+    check_cols(hidden, "embedding_fwd");
+    require(vocab >= 0, "embedding_fwd: vocab must be >= 0");
+    check(gs::embedding_fwd(ids, weight, y, rows, vocab, hidden, device, stream), "embedding_fwd");
+  }, py::arg("ids"), py::arg("weight"), py::arg("y"), py::arg("rows"), py::arg("vocab"), py::arg("hidden"),
+     py::arg("device"), py::arg("stream"));
+  m.def("embedding_fold", [check_cols](uintptr_t sorted_ids, uintptr_t src, int64_t n, uintptr_t dy,
+                                       uintptr_t main_grad, int64_t vocab, int64_t hidden, int device,
+                                       uintptr_t stream) {
+    check_rows(n, "embedding_fold");
+    check_cols(hidden, "embedding_fold");
+    check(gs::embedding_fold(sorted_ids, src, n, dy, main_grad, vocab, hidden, device, stream), "embedding_fold");
+  }, py::arg("sorted_ids"), py::arg("src"), py::arg("n"), py::arg("dy"), py::arg("main_grad"), py::arg("vocab"),
+     py::arg("hidden"), py::arg("device"), py::arg("stream"));
+  m.def("pack_rows", [check_cols](uintptr_t src, uintptr_t dst, uintptr_t meta, int64_t n_samples, int64_t max_len,
+                                  int64_t hidden, bool unpack, int device, uintptr_t stream) {
+    require(n_samples >= 0 && max_len >= 0 && (max_len == 0 || n_samples <= kMaxGrid / max_len),
+            "pack_rows: n_samples * max_len must be in [0, 2^31-1]");
+    check_cols(hidden, "pack_rows");
+    check(gs::pack_rows(src, dst, meta, n_samples, max_len, hidden, unpack, device, stream), "pack_rows");
+  }, py::arg("src"), py::arg("dst"), py::arg("meta"), py::arg("n_samples"), py::arg("max_len"), py::arg("hidden"),
+     py::arg("unpack"), py::arg("device"), py::arg("stream"));
+
+  m.def("logp_fwd", [](uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t lse, int64_t rows,
+                       int64_t vocab, int64_t ld, int device, uintptr_t stream) {
+    check_rows(rows, "logp_fwd");
+    require(vocab > 0 && ld >= vocab, "logp_fwd: vocab must be positive and ld >= vocab");
+    check(gs::logp_fwd(logits, targets, out, lse, rows, vocab, ld, device, stream), "logp_fwd");
+  }, py::arg("logits"), py::arg("targets"), py::arg("out"), py::arg("lse"), py::arg("rows"), py::arg("vocab"),
+     py::arg("ld"), py::arg("device"), py::arg("stream"));
+  m.def("logp_bwd", [check_cols](uintptr_t logits, uintptr_t targets, uintptr_t lse, uintptr_t g, uintptr_t d,
+                                 int64_t rows, int64_t vocab, int64_t ld, int64_t ldd, int device, uintptr_t stream) {
+    check_rows(rows, "logp_bwd");
+    check_cols(vocab, "logp_bwd");
+    require(ld >= vocab && ldd >= vocab, "logp_bwd: ld and ldd must be >= vocab");
+    check(gs::logp_bwd(logits, targets, lse, g, d, rows, vocab, ld, ldd, device, stream), "logp_bwd");
+  }, py::arg("logits"), py::arg("targets"), py::arg("lse"), py::arg("g"), py::arg("d"), py::arg("rows"),
+     py::arg("vocab"), py::arg("ld"), py::arg("ldd"), py::arg("device"), py::arg("stream"));
+
+  auto check_gemm = [](int64_t M, int64_t N, int64_t K, const char* what) {
+    require(M >= 0 && N >= 0 && K >= 0 && M < (1LL << 40) && N < (1LL << 40) && K < (1LL << 40),
+            std::string(what) + ": sizes must be non-negative");
+  };
+  m.def("gemm_nt", [check_gemm](uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
+                                int64_t ldb, int64_t ldc, int device, uintptr_t stream) {
+    check_gemm(M, N, K, "gemm_nt");
+    require(lda >= K && ldb >= K && ldc >= N, "gemm_nt: leading dimensions too small");
+    check(gs::gemm_nt(a, b, c, M, N, K, lda, ldb, ldc, device, stream), "gemm_nt");
+  }, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("lda"),
+     py::arg("ldb"), py::arg("ldc"), py::arg("device"), py::arg("stream"));
+  m.def("gemm_nn", [check_gemm](uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
+                                int64_t ldb, int64_t ldc, bool accumulate, int device, uintptr_t stream) {
+    check_gemm(M, N, K, "gemm_nn");
+    require(lda >= K && ldb >= N && ldc >= N, "gemm_nn: leading dimensions too small");
+    check(gs::gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, accumulate, device, stream), "gemm_nn");
+  }, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("lda"),
+     py::arg("ldb"), py::arg("ldc"), py::arg("accumulate"), py::arg("device"), py::arg("stream"));
+  m.def("gemm_dw_fold", [check_gemm](uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
+                                     uintptr_t grad, int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg,
+                                     int device, uintptr_t stream) {
+    check_gemm(N, K, n_tiles, "gemm_dw_fold");
+    // A fold tile of 16k tokens keeps every call's 16-token mma steps on the same canonical slots.
+    require(tile > 0 && tile % 16 == 0, "gemm_dw_fold: tile must be a positive multiple of 16");
+    require(ldy >= N && ldx >= K && ldg >= K, "gemm_dw_fold: leading dimensions too small");
+    check(gs::gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream), "gemm_dw_fold");
+  }, py::arg("plan"), py::arg("n_tiles"), py::arg("tile"), py::arg("dy"), py::arg("x"), py::arg("grad"),
+     py::arg("N"), py::arg("K"), py::arg("ldy"), py::arg("ldx"), py::arg("ldg"), py::arg("device"),
+     py::arg("stream"));
+
+  m.def("llp_forward", [check_gemm](uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t part,
+                                    uintptr_t out, uintptr_t lse, int64_t rows, int64_t vocab, int64_t K,
+                                    int64_t ldh, int64_t ldw, int device, uintptr_t stream) {
+    check_gemm(rows, vocab, K, "llp_forward");
+    require(vocab > 0 && ldh >= K && ldw >= K, "llp_forward: vocab must be positive, ldh and ldw >= K");
+    check(gs::llp_forward(hidden, weight, targets, part, out, lse, rows, vocab, K, ldh, ldw, device, stream),
+          "llp_forward");
+  }, py::arg("hidden"), py::arg("weight"), py::arg("targets"), py::arg("part"), py::arg("out"), py::arg("lse"),
+     py::arg("rows"), py::arg("vocab"), py::arg("K"), py::arg("ldh"), py::arg("ldw"), py::arg("device"),
+     py::arg("stream"));
+  m.def("llp_dlogits", [check_gemm](uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t lse,
+                                    uintptr_t g, uintptr_t d, int64_t M, int64_t N, int64_t K, int64_t v0,
+                                    int64_t vocab, int64_t ldh, int64_t ldw, int64_t ldd, int device,
+                                    uintptr_t stream) {
+    check_gemm(M, N, K, "llp_dlogits");
+    require(ldh >= K && ldw >= K && ldd >= N && v0 >= 0, "llp_dlogits: bad leading dimensions or v0");
+    check(gs::llp_dlogits(hidden, weight, targets, lse, g, d, M, N, K, v0, vocab, ldh, ldw, ldd, device, stream),
+          "llp_dlogits");
+  }, py::arg("hidden"), py::arg("weight"), py::arg("targets"), py::arg("lse"), py::arg("g"), py::arg("d"),
+     py::arg("M"), py::arg("N"), py::arg("K"), py::arg("v0"), py::arg("vocab"), py::arg("ldh"), py::arg("ldw"),
+     py::arg("ldd"), py::arg("device"), py::arg("stream"));
 }

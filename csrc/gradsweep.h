@@ -16,6 +16,8 @@ namespace gs {
 constexpr int64_t kRmsMaxHidden = 32768;
 // Largest head_dim of RoPE (cos/sin table of head_dim/2 floats each in shared memory).
 constexpr int64_t kRopeMaxHeadDim = 8192;
+// Vocabulary columns per CTA of the fused linear_logp forward (a constant: a row's log-sum-exp order follows it).
+constexpr int64_t kLlpVChunk = 2048;
 
 // runtime.cu
 int device_count(int* count);  // never throws: cudaGetDeviceCount's error code
@@ -43,5 +45,38 @@ int swiglu_bwd(uintptr_t gate, uintptr_t up, uintptr_t dy, uintptr_t dgate, uint
                int device, uintptr_t stream);
 int rope(uintptr_t x, uintptr_t positions, uintptr_t y, int64_t rows, int64_t heads, int64_t head_dim,
          float theta, bool inverse, int device, uintptr_t stream);
+
+// qk_norm.cu (forward and dx are rms_norm's kernels on [R * heads, head_dim])
+int qk_norm_dw_tiles(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t rstd,
+                     uintptr_t partial, int64_t heads, int64_t head_dim, int device, uintptr_t stream);
+
+// gather.cu
+int embedding_fwd(uintptr_t ids, uintptr_t weight, uintptr_t y, int64_t rows, int64_t V, int64_t H, int device,
+                  uintptr_t stream);
+int embedding_fold(uintptr_t sorted_ids, uintptr_t src, int64_t n, uintptr_t dy, uintptr_t main_grad, int64_t V,
+                   int64_t H, int device, uintptr_t stream);
+int pack_rows(uintptr_t src, uintptr_t dst, uintptr_t meta, int64_t n_samples, int64_t max_len, int64_t H,
+              bool unpack, int device, uintptr_t stream);
+
+// logp.cu
+int logp_fwd(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t lse, int64_t R, int64_t V, int64_t ld,
+             int device, uintptr_t stream);
+int logp_bwd(uintptr_t logits, uintptr_t targets, uintptr_t lse, uintptr_t g, uintptr_t d, int64_t R, int64_t V,
+             int64_t ld, int64_t ldd, int device, uintptr_t stream);
+
+// gemm.cu (tensor-core mainloop of mma_gemm.cuh)
+int gemm_nt(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+            int64_t ldc, int device, uintptr_t stream);
+int gemm_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+            int64_t ldc, bool accumulate, int device, uintptr_t stream);
+int gemm_dw_fold(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t grad,
+                 int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream);
+
+// linear_logp.cu (part: fp32 scratch of 3 * ceil(V / kLlpVChunk) * R floats)
+int llp_forward(uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t part, uintptr_t out, uintptr_t lse,
+                int64_t R, int64_t V, int64_t K, int64_t ldh, int64_t ldw, int device, uintptr_t stream);
+int llp_dlogits(uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t lse, uintptr_t g, uintptr_t d,
+                int64_t M, int64_t N, int64_t K, int64_t v0, int64_t V, int64_t ldh, int64_t ldw, int64_t ldd,
+                int device, uintptr_t stream);
 
 }  // namespace gs

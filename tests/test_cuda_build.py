@@ -43,6 +43,10 @@ def test_nvcc_build_and_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"build failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
     ext = _load_built(tmp_path / "lib")
+    launchers = ("rms_norm_fwd", "silu_fwd", "rope", "qk_norm_dw_tiles", "embedding_fwd", "embedding_fold",
+                 "pack_rows", "logp_fwd", "logp_bwd", "gemm_nt", "gemm_nn", "gemm_dw_fold", "llp_forward",
+                 "llp_dlogits")
+    assert not [n for n in launchers if not hasattr(ext, n)], "a launcher is missing from the fresh build"
 
     err, count = ext.device_count()  # never raises, even without a driver
     assert isinstance(err, int) and isinstance(count, int)

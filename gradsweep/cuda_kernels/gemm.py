@@ -1,0 +1,154 @@
+"""Batch-invariant GEMM (``det_linear``) with a canonical-fold dW, in CUDA C++ (gradsweep._C).
+
+Why it is batch-invariant (csrc/mma_gemm.cuh):
+- forward and dX are tensor-core GEMMs (mma.sync m16n8k16, fp32 accumulate) with one sequential K loop of
+  16-wide mma steps and no split of K: the tile configuration follows M (a speed choice), the chain of k
+  steps an output element sees never does;
+- dW is a GEMM whose reduction axis is the token axis, run over the canonical token tiles of a
+  ``FoldStep`` plan (rows gathered through the plan, ``-1`` rows zero-filled at the load, never multiplied),
+  with its fp32 accumulator LOADED from main_grad before the loop and stored back: the same tiles in the
+  same order whatever the batching, so B=N, N x B=1, chunked, padded and permuted calls give the same bits.
+
+Same public API as ``gradsweep.triton_kernels.gemm`` (det_linear, matmul_invariant, matmul_accumulate,
+dw_fold, dw_fold_raw, TILE). bf16 operands only; no torch GEMM anywhere on this path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradsweep.canonical import CanonicalFold, FoldStep, RowIdentity
+from gradsweep.cuda_kernels import runtime as rt
+
+TILE = 64  # canonical token tile of the dW fold (a multiple of 16: every call's mma steps stay on the same slots)
+
+
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def matmul_invariant(a: torch.Tensor, b_t: torch.Tensor,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """a @ b_t.T (b_t is [N, K], weight layout; any strides), bf16 out, one K order for every M."""
+    if a.dim() != 2 or b_t.dim() != 2 or a.shape[1] != b_t.shape[1]:
+        raise ValueError(f"matmul_invariant: shapes {tuple(a.shape)} x {tuple(b_t.shape)}^T do not match")
+    if (out_dtype or a.dtype) != torch.bfloat16:
+        raise ValueError(f"matmul_invariant: the CUDA GEMM writes bfloat16, not {out_dtype}")
+    rt.check_tensor("matmul_invariant a", a)
+    rt.check_tensor("matmul_invariant b_t", b_t)
+    a = _rows_contiguous(a)
+    m, k = a.shape
+    n = b_t.shape[0]
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    dev, stream = rt.launch(a)
+    ext = rt.ext()
+    if b_t.stride(1) != 1 and b_t.stride(0) == 1 and n > 1:
+        b = b_t.t()  # [K, N] with unit column stride: the N-major kernel reads it in place (dX = dY @ W)
+        ext.gemm_nn(rt.ptr(a), rt.ptr(b), rt.ptr(out), m, n, k, a.stride(0), b.stride(0), out.stride(0), False,
+                    dev, stream)
+        return out
+    b_t = _rows_contiguous(b_t)
+    ext.gemm_nt(rt.ptr(a), rt.ptr(b_t), rt.ptr(out), m, n, k, a.stride(0), b_t.stride(0), out.stride(0), dev,
+                stream)
+    return out
+
+
+def matmul_accumulate(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    """acc[M,N] (fp32) += a[M,K] @ b[K,N], the accumulator loaded into the GEMM (chains keep one order)."""
+    if acc.dtype != torch.float32 or acc.shape != (a.shape[0], b.shape[1]) or a.shape[1] != b.shape[0]:
+        raise ValueError("matmul_accumulate: acc must be fp32 [M, N] for a [M, K] and b [K, N]")
+    rt.check_tensor("matmul_accumulate a", a)
+    rt.check_tensor("matmul_accumulate b", b)
+    rt.check_tensor("matmul_accumulate acc", acc, torch.float32)
+    if acc.stride(1) != 1:
+        raise ValueError("matmul_accumulate: acc must have contiguous rows (it is updated in place)")
+    a, b = _rows_contiguous(a), _rows_contiguous(b)
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0:
+        return acc
+    dev, stream = rt.launch(a)
+    rt.ext().gemm_nn(rt.ptr(a), rt.ptr(b), rt.ptr(acc), m, n, k, a.stride(0), b.stride(0), acc.stride(0), True,
+                     dev, stream)
+    return acc
+
+
+def dw_fold(step: FoldStep, main_grad: torch.Tensor, x_index: int = 0, dy_index: int = 1) -> torch.Tensor:
+    """Fold the step's canonical tiles of dY^T X into fp32 ``main_grad`` [N, K] (in place).
+
+    ``step.tensors[x_index]`` is X [S, K] and ``step.tensors[dy_index]`` is dY [S, N]; rows are read
+    through ``step.plan``. The kernel loads main_grad, folds tile after tile, stores it.
+    """
+    return dw_fold_raw(step.plan, step.tensors[x_index], step.tensors[dy_index], main_grad)
+
+
+def dw_fold_raw(plan: torch.Tensor, x: torch.Tensor, dy: torch.Tensor,
+                main_grad: torch.Tensor) -> torch.Tensor:
+    """The fold kernel on explicit tensors (plan [n_tiles, tile] int32; main_grad may be a row slice)."""
+    n, k = main_grad.shape
+    if main_grad.dtype != torch.float32 or main_grad.stride(1) != 1:
+        raise ValueError("dw_fold: main_grad must be fp32 with contiguous rows")
+    if x.shape[1] != k or dy.shape[1] != n or x.shape[0] != dy.shape[0]:
+        raise ValueError(f"dw_fold: X {tuple(x.shape)}, dY {tuple(dy.shape)} do not fit main_grad {(n, k)}")
+    n_tiles, bt = plan.shape
+    if n_tiles == 0 or n == 0 or k == 0:
+        return main_grad
+    if bt % 16:
+        raise ValueError(f"dw_fold: the fold tile must be a multiple of 16, got {bt}")
+    rt.check_tensor("dw_fold X", x)
+    rt.check_tensor("dw_fold dY", dy)
+    rt.check_tensor("dw_fold main_grad", main_grad, torch.float32)
+    x, dy = _rows_contiguous(x), _rows_contiguous(dy)
+    if plan.dtype != torch.int32 or plan.device != x.device or not plan.is_contiguous():
+        plan = plan.to(device=x.device, dtype=torch.int32).contiguous()
+    dev, stream = rt.launch(x)
+    rt.ext().gemm_dw_fold(rt.ptr(plan), n_tiles, bt, rt.ptr(dy), rt.ptr(x), rt.ptr(main_grad), n, k,
+                          dy.stride(0), x.stride(0), main_grad.stride(0), dev, stream)
+    return main_grad
+
+
+def _check_fold(weight: torch.Tensor, fold: CanonicalFold | None, what: str) -> None:
+    if fold is None and weight.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{what}: the weight requires grad but no CanonicalFold was given; dW is only "
+                         "produced by folding into fold.main_grad (pass a CanonicalFold, or detach "
+                         "the weight)")
+    if fold is not None and fold.main_grad.shape != weight.shape:
+        raise ValueError(f"{what}: fold.main_grad {tuple(fold.main_grad.shape)} != "
+                         f"weight {tuple(weight.shape)}")
+
+
+class DetLinearFn(torch.autograd.Function):
+    """y = x @ W^T; backward dX by the invariant GEMM, dW folded into fold.main_grad (grad None)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, rows, fold):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.rows, ctx.fold = rows, fold
+        return matmul_invariant(x, weight)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        dy = dy.to(torch.bfloat16).contiguous()
+        dx = matmul_invariant(dy, weight.t()) if ctx.needs_input_grad[0] else None
+        if ctx.needs_input_grad[1]:
+            if ctx.fold is None:
+                raise ValueError("det_linear backward: weight requires grad but fold is None")
+            step = ctx.fold.take(ctx.rows, (x, dy))
+            dw_fold(step, ctx.fold.main_grad)
+        return dx, None, None, None
+
+
+def det_linear(x: torch.Tensor, weight: torch.Tensor, rows: RowIdentity,
+               fold: CanonicalFold | None) -> torch.Tensor:
+    """Batch-invariant ``x @ weight.T`` (bf16 in/out, fp32 accumulate); dW by the canonical fold."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"det_linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
+    if rows.num_rows != x.shape[0]:
+        raise ValueError(f"det_linear: {rows.num_rows} row identities for {x.shape[0]} rows")
+    rt.check_tensor("det_linear x", x)
+    rt.check_tensor("det_linear weight", weight)
+    _check_fold(weight, fold, "det_linear")
+    return DetLinearFn.apply(x.contiguous(), weight.contiguous(), rows, fold)

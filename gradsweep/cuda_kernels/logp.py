@@ -1,0 +1,70 @@
+"""Selected-token log-probability from logits (gradsweep._C): logp[r] = logits[r, t_r] - logsumexp(logits[r]).
+
+Why it is batch-invariant: one CUDA block per row with a constant block size (never a function of R);
+each thread walks its fixed 8-element chunks of the row with an online log-sum-exp, then a fixed xor
+butterfly combines the threads (csrc/logp.cu). The backward is element-wise. FP32 throughout; no torch
+softmax on this path.
+
+Targets outside [0, V) (e.g. -100 on pad rows) give logp 0 and a zero gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradsweep.cuda_kernels import runtime as rt
+
+
+def logp_forward(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp fp32 [R], lse fp32 [R]); logits [R, V] bf16 with unit column stride."""
+    r, v = logits.shape
+    out = torch.empty(r, dtype=torch.float32, device=logits.device)
+    lse = torch.empty(r, dtype=torch.float32, device=logits.device)
+    if r == 0:
+        return out, lse
+    if v == 0:
+        raise ValueError("selected_logp: empty vocabulary")
+    dev, stream = rt.launch(logits)
+    rt.ext().logp_fwd(rt.ptr(logits), rt.ptr(targets), rt.ptr(out), rt.ptr(lse), r, v, logits.stride(0), dev,
+                      stream)
+    return out, lse
+
+
+def logp_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+                  g: torch.Tensor) -> torch.Tensor:
+    """dlogits [R, V] in bf16: g (onehot(target) - exp(logits - lse))."""
+    r, v = logits.shape
+    d = torch.empty(r, v, dtype=logits.dtype, device=logits.device)
+    if r == 0 or v == 0:
+        return d
+    g = g.to(torch.float32).contiguous()
+    dev, stream = rt.launch(logits)
+    rt.ext().logp_bwd(rt.ptr(logits), rt.ptr(targets), rt.ptr(lse), rt.ptr(g), rt.ptr(d), r, v, logits.stride(0),
+                      d.stride(0), dev, stream)
+    return d
+
+
+class SelectedLogpFn(torch.autograd.Function):
+    """logp = logits[r, t] - logsumexp(logits[r]) (fp32); backward dlogits = g (onehot - softmax)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets):  # type: ignore[override]
+        out, lse = logp_forward(logits, targets)
+        ctx.save_for_backward(logits, targets, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        logits, targets, lse = ctx.saved_tensors
+        d = logp_backward(logits, targets, lse, g) if ctx.needs_input_grad[0] else None
+        return d, None
+
+
+def selected_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Batch-invariant selected-token log-prob, fp32 [R]; differentiable w.r.t. logits (bf16 [R, V])."""
+    if logits.dim() != 2 or targets.shape != (logits.shape[0],):
+        raise ValueError(f"selected_logp: logits {tuple(logits.shape)}, targets {tuple(targets.shape)}")
+    rt.check_tensor("selected_logp logits", logits)
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    return SelectedLogpFn.apply(logits, targets.to(device=logits.device, dtype=torch.int64).contiguous())

@@ -1,0 +1,112 @@
+"""QK-norm (gradsweep._C): RMSNorm of every head of x [R, heads, head_dim] over head_dim, one weight [head_dim].
+
+Forward and dx are rms_norm's row kernels on the [R * heads, head_dim] view (one block per (token, head);
+block size a function of head_dim alone), so a row's bits never depend on the batch. dweight follows the
+canonical protocol: ``fold.take(rows, (dy, x, rstd))`` gives the plan; one kernel writes one fp32 partial
+per canonical tile (tokens in slot order, heads in head order inside each token, -1 slots skipped) and
+rms_norm's fold kernel adds the partials tile after tile into the loaded fold.main_grad.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.cuda_kernels.rms_norm import rms_norm_dx, rms_norm_forward
+
+TILE: int = 32
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    n_rows, heads, head_dim = x.shape
+    y, rstd = rms_norm_forward(x.reshape(n_rows * heads, head_dim), weight, eps)
+    return y.view(n_rows, heads, head_dim), rstd.view(n_rows, heads)
+
+
+def qk_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-head RMSNorm forward launcher (no autograd)."""
+    return _forward(x.contiguous(), weight.contiguous(), eps)[0]
+
+
+def _fold_dweight(x: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, rows: RowIdentity,
+                  fold: CanonicalFold) -> None:
+    _, heads, head_dim = x.shape
+    step = fold.take(rows, (dy, x, rstd))
+    if step.num_tiles == 0 or head_dim == 0:
+        return
+    dy_s, x_s, r_s = (t.contiguous() for t in step.tensors)
+    plan = step.plan.to(device=x.device, dtype=torch.int32).contiguous()
+    partial = torch.empty((step.num_tiles, head_dim), dtype=torch.float32, device=x.device)
+    dev, stream = rt.launch(x)
+    ext = rt.ext()
+    ext.qk_norm_dw_tiles(rt.ptr(plan), step.num_tiles, int(plan.shape[1]), rt.ptr(dy_s), rt.ptr(x_s), rt.ptr(r_s),
+                         rt.ptr(partial), heads, head_dim, dev, stream)
+    ext.fold_tiles(rt.ptr(partial), step.num_tiles, rt.ptr(fold.main_grad), head_dim, dev, stream)
+
+
+def qk_norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, eps: float,
+                     rows: RowIdentity | None, fold: CanonicalFold | None, need_dx: bool = True,
+                     rstd: torch.Tensor | None = None) -> torch.Tensor | None:
+    """dx of this call's tokens; dweight folded into fold.main_grad in canonical order (no autograd).
+
+    ``rstd`` [R, heads] is the forward's (recomputed when not given).
+    """
+    x = x.contiguous()
+    dy = dy.to(torch.bfloat16).contiguous()
+    n_rows, heads, head_dim = x.shape
+    if rstd is None:
+        rstd = _forward(x, weight.contiguous(), eps)[1]
+    dx = None
+    if need_dx:
+        dx = rms_norm_dx(dy.view(n_rows * heads, head_dim), x.view(n_rows * heads, head_dim), weight.contiguous(),
+                         rstd.reshape(-1)).view_as(x)
+    if fold is not None:
+        if rows is None or rows.num_rows != n_rows:
+            raise ValueError("qk_norm: rows must describe every row of x")
+        _fold_dweight(x, dy, rstd, rows, fold)
+    return dx
+
+
+class _QKNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, rows, fold):  # type: ignore[override]
+        y, rstd = _forward(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.eps, ctx.rows, ctx.fold = eps, rows, fold
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, weight, rstd = ctx.saved_tensors
+        dx = qk_norm_backward(x, weight, dy, ctx.eps, ctx.rows, ctx.fold, need_dx=ctx.needs_input_grad[0],
+                              rstd=rstd)
+        return dx, None, None, None, None
+
+
+def _require_fold(fold: CanonicalFold | None, weight: torch.Tensor) -> None:
+    if fold is None:
+        if weight.requires_grad and torch.is_grad_enabled():
+            raise ValueError("qk_norm: weight requires grad but fold is None; pass a CanonicalFold "
+                             "(the weight gradient is folded into fold.main_grad, never returned)")
+        return
+    mg = fold.main_grad
+    if mg.dtype != torch.float32 or not mg.is_contiguous() or mg.numel() != weight.numel():
+        raise ValueError(f"qk_norm: fold.main_grad must be a contiguous float32 tensor of "
+                         f"{weight.numel()} elements, got {mg.dtype} {tuple(mg.shape)} on {mg.device}")
+    if mg.device != weight.device:
+        raise ValueError(f"qk_norm: fold.main_grad is on {mg.device}, the weight on {weight.device}")
+
+
+def qk_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentity,
+            fold: CanonicalFold | None) -> torch.Tensor:
+    """Per-head RMSNorm of x [R, heads, head_dim]; dweight goes into fold.main_grad (returned grad None)."""
+    if x.dim() != 3 or weight.shape != (x.shape[2],):
+        raise ValueError(f"qk_norm: expected x [R, heads, head_dim] and weight [head_dim], got "
+                         f"{tuple(x.shape)}, {tuple(weight.shape)}")
+    rt.check_tensor("qk_norm x", x)
+    rt.check_tensor("qk_norm weight", weight)
+    if weight.device != x.device:
+        raise ValueError(f"qk_norm: x on {x.device}, weight on {weight.device}")
+    _require_fold(fold, weight)
+    return _QKNormFn.apply(x.contiguous(), weight.contiguous(), float(eps), rows, fold)

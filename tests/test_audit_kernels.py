@@ -1,0 +1,126 @@
+"""Audits of the kernel families' sources (CI, CPU): what would break invariance or independence by construction.
+
+- csrc/ (the CUDA family) has no atomics: no atomic* intrinsic, no std::atomic / cuda::atomic, no PTX red.* /
+  atom.* instruction. Comments are stripped first (a comment may say "no atomics").
+- a cuda_bf16 kernel module (gradsweep/cuda_kernels/*.py) never imports Triton or the Triton family, and never
+  calls a torch GEMM / softmax on its kernel path (matmul, mm, bmm, einsum, linear, softmax, log_softmax, ``@``
+  and relatives); the Triton family never imports the CUDA family: a profile never borrows another's kernels.
+Each scanner is shown to catch a planted offender, so the audit can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CSRC = ROOT / "csrc"
+CUDA_PY = ROOT / "gradsweep" / "cuda_kernels"
+TRITON_PY = ROOT / "gradsweep" / "triton_kernels"
+
+_ATOMIC = re.compile(r"atomic|\b(red|atom)\s*\.\s*(global|shared|gpu|sys|cta|relaxed|release|acquire|acq_rel|"
+                     r"add|inc|dec|cas|exch|min|max|and|or|xor|e?\w*\.)", re.IGNORECASE)
+_FORBIDDEN_CALLS = frozenset({"matmul", "mm", "bmm", "baddbmm", "addmm", "addbmm", "addmv", "mv", "einsum",
+                              "linear", "bilinear", "softmax", "log_softmax", "logsumexp", "tensordot",
+                              "chain_matmul", "cross_entropy", "scaled_dot_product_attention", "inner", "dot",
+                              "vdot", "matrix_power", "multi_dot"})
+
+
+def strip_c_comments(src: str) -> str:
+    """C/C++/CUDA source without // and /* */ comments (string literals kept: PTX lives in them)."""
+    out, i, n = [], 0, len(src)
+    while i < n:
+        if src.startswith("//", i):
+            j = src.find("\n", i)
+            i = n if j < 0 else j
+        elif src.startswith("/*", i):
+            j = src.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+        elif src[i] == '"':
+            j = i + 1
+            while j < n and src[j] != '"':
+                j += 2 if src[j] == "\\" else 1
+            out.append(src[i:j + 1])
+            i = j + 1
+        else:
+            out.append(src[i])
+            i += 1
+    return "".join(out)
+
+
+def atomic_offences(src: str) -> list[str]:
+    code = strip_c_comments(src)
+    return [line.strip() for line in code.splitlines() if _ATOMIC.search(line)]
+
+
+def kernel_path_offences(src: str, forbidden_imports: tuple[str, ...]) -> list[str]:
+    """Imports of another family and torch GEMM / softmax calls in a kernel module (docstrings ignored)."""
+    bad = []
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Import):
+            bad += [f"import {a.name}" for a in node.names if a.name.startswith(forbidden_imports)]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(forbidden_imports):
+            bad.append(f"from {node.module} import ...")
+        elif isinstance(node, ast.BinOp | ast.AugAssign) and isinstance(node.op, ast.MatMult):
+            bad.append(f"line {node.lineno}: @ (a torch GEMM)")
+        elif isinstance(node, ast.Attribute) and node.attr in _FORBIDDEN_CALLS:
+            bad.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Name) and node.id in _FORBIDDEN_CALLS:
+            bad.append(f"line {node.lineno}: {node.id}")
+    return bad
+
+
+_CUDA_FORBIDDEN = ("triton", "gradsweep.triton_kernels")
+_TRITON_FORBIDDEN = ("gradsweep.cuda_kernels", "gradsweep._C")
+
+
+def test_no_atomics_in_csrc() -> None:
+    files = sorted(p for p in CSRC.iterdir() if p.suffix in (".cu", ".cuh", ".h", ".hpp", ".cpp", ".cc"))
+    assert any(p.suffix == ".cu" for p in files), "csrc/ has no .cu file: the audit would check nothing"
+    offenders = {p.name: atomic_offences(p.read_text(errors="replace")) for p in files}
+    assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+@pytest.mark.parametrize("planted", [
+    "atomicAdd(&acc[c], v);",
+    "  atomicCAS(p, 0, 1);",
+    "std::atomic<int> n;",
+    'asm volatile("red.global.add.f32 [%0], %1;" :: "l"(p), "f"(v));',
+    'asm("atom.global.cas.b32 %0, [%1], %2, %3;" : "=r"(o) : "l"(p), "r"(a), "r"(b));',
+    "cuda::atomic_ref<float> r(x);",
+])
+def test_atomic_scanner_catches_planted(planted: str) -> None:
+    assert atomic_offences(f"// ok\n__global__ void k(float* p) {{\n{planted}\n}}\n")
+
+
+def test_atomic_scanner_ignores_comments() -> None:
+    assert not atomic_offences("// no atomics here\n/* atomicAdd would race */\nint x = 1;\n")
+
+
+def test_cuda_kernel_modules_borrow_nothing() -> None:
+    files = sorted(CUDA_PY.glob("*.py"))
+    assert len(files) >= 10, "expected every CUDA op module"
+    offenders = {p.name: kernel_path_offences(p.read_text(), _CUDA_FORBIDDEN) for p in files}
+    assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+def test_triton_kernel_modules_do_not_import_the_cuda_family() -> None:
+    bad = {}
+    for p in sorted(TRITON_PY.glob("*.py")):
+        found = [o for o in kernel_path_offences(p.read_text(), _TRITON_FORBIDDEN) if "import" in o]
+        if found:
+            bad[p.name] = found
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("planted", [
+    "import triton\n", "from gradsweep.triton_kernels.gemm import det_linear\n", "y = x @ w.t()\n",
+    "y = torch.matmul(x, w)\n", "y = F.linear(x, w)\n", "p = torch.softmax(z, -1)\n",
+    "p = z.log_softmax(-1)\n", "y = torch.mm(a, b)\n", "y = torch.bmm(a, b)\n", "y = torch.einsum('ij,jk', a, b)\n",
+    "acc @= w\n",
+])
+def test_kernel_path_scanner_catches_planted(planted: str) -> None:
+    assert kernel_path_offences("import torch\n" + planted, _CUDA_FORBIDDEN)
