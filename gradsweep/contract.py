@@ -1,12 +1,16 @@
 """The tolerance contract (C1): one versioned file, one resolver, no tolerance anywhere else.
 
-Invariance always resolves to bitwise; accuracy resolves to a ratio rule against stock bf16 torch.
+Invariance always resolves to bitwise. Accuracy resolves to a ratio rule against the op's stock path,
+per accumulation class: an output a candidate stores in bf16 is bounded by stock bf16 torch's error; an
+output it accumulates and stores in FP32 (main grads, logp) by the error of stock FP32 math on the same
+bf16 values (TF32 off). The contract records which outputs of which candidate family are FP32-class.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -28,7 +32,7 @@ class ContractError(ValueError):
 
 
 class BitwiseRule(BaseModel):
-    """Invariance: raw bits equal (NaN-aware); atol = rtol = 0."""
+    """Invariance: raw bits equal (NaN-aware); never a tolerance."""
 
     model_config = ConfigDict(frozen=True)
     rule: str = "bitwise"
@@ -58,6 +62,9 @@ class _InvarianceSection(BaseModel):
         return value
 
 
+AccumulationClass = Literal["bf16", "fp32"]
+
+
 class _AccuracyRuleEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: CheckKind | None = None
@@ -65,6 +72,7 @@ class _AccuracyRuleEntry(BaseModel):
     tensor: str | None = None
     dtype: str | None = None
     profile: str | None = None
+    accumulation: AccumulationClass | None = None
     k: float = Field(ge=1.0)
     floor: float = Field(ge=0.0)
 
@@ -77,13 +85,28 @@ class _AccuracyRuleEntry(BaseModel):
         return value
 
     def specificity(self) -> int:
-        return sum(v is not None for v in (self.kind, self.op, self.tensor, self.dtype, self.profile))
+        return sum(v is not None for v in (self.kind, self.op, self.tensor, self.dtype, self.profile,
+                                           self.accumulation))
+
+
+class _Fp32Output(BaseModel):
+    """An output that candidates of these families accumulate and store in FP32."""
+
+    model_config = ConfigDict(extra="forbid")
+    op: str
+    tensor: str
+    families: list[Literal["torch", "triton", "cuda"]] = Field(min_length=1)
 
 
 class _AccuracySection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     default: RatioRule
     rules: list[_AccuracyRuleEntry] = Field(default_factory=list)
+
+
+class _AccumulationSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    fp32: list[_Fp32Output] = Field(default_factory=list)
 
 
 class Contract(BaseModel):
@@ -93,17 +116,24 @@ class Contract(BaseModel):
     contract_version: str
     invariance: _InvarianceSection
     accuracy: _AccuracySection
+    accumulation: _AccumulationSection = Field(default_factory=_AccumulationSection)
+
+    def accumulation_class(self, op: str, tensor: str, family: str) -> AccumulationClass:
+        """'fp32' when candidates of ``family`` accumulate and store ``op``'s ``tensor`` in FP32, else 'bf16'."""
+        hit = any(e.op == op and e.tensor == tensor and family in e.families for e in self.accumulation.fp32)
+        return "fp32" if hit else "bf16"
 
     @property
     def version(self) -> str:
         return self.contract_version
 
-    def resolve(self, kind: CheckKind, op: str, tensor: str, dtype: str, profile: str
-                ) -> BitwiseRule | RatioRule:
+    def resolve(self, kind: CheckKind, op: str, tensor: str, dtype: str, profile: str,
+                accumulation: AccumulationClass = "bf16") -> BitwiseRule | RatioRule:
         """The rule for one check; invariance is always bitwise."""
         if kind.is_invariance:
             return BitwiseRule()
-        query = {"kind": kind, "op": op, "tensor": tensor, "dtype": dtype, "profile": profile}
+        query = {"kind": kind, "op": op, "tensor": tensor, "dtype": dtype, "profile": profile,
+                 "accumulation": accumulation}
         matches = [r for r in self.accuracy.rules
                    if all(getattr(r, f) is None or getattr(r, f) == v for f, v in query.items())]
         if not matches:

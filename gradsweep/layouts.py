@@ -16,14 +16,30 @@ from gradsweep.canonical import RowIdentity
 
 LAYOUT_NAMES: tuple[str, ...] = (
     "bn_full", "bn_chunked", "b1_singleton", "bn_padded_right", "bn_padded_left",
-    "bn_permuted", "bn_mask_density", "decode",
+    "bn_permuted", "bn_mask_density", "bn_neighbors", "prefix_cache", "decode",
 )
 REFERENCE_LAYOUT = "bn_full"
+
+# How the backwards of a multi-call layout are ordered. "reverse": every forward first, then the backwards
+# in reverse call order, as autograd runs a model over chunks of one step; "interleaved": F0 B0 F1 B1 ...,
+# as gradient accumulation runs micro-batches. Layouts whose calls can be micro-batches run both.
+SCHEDULES: tuple[str, ...] = ("reverse", "interleaved")
+INTERLEAVED_LAYOUTS: frozenset[str] = frozenset({"bn_chunked", "b1_singleton", "bn_neighbors"})
+
+
+def schedules_for(layout: str, n_calls: int) -> tuple[str, ...]:
+    """The backward orders a layout is checked under (one order when it has a single call)."""
+    if n_calls <= 1:
+        return ("reverse",)
+    return SCHEDULES if layout in INTERLEAVED_LAYOUTS else ("reverse",)
+
+
+FILLER_BASE = -2  # filler sample ids are -2, -3, ...: never a logical sample, never the pad id (-1)
 
 
 @dataclass(frozen=True)
 class Segment:
-    """A contiguous run of one sample's tokens inside a call (sample -1: a loss-masked filler)."""
+    """A contiguous run of one sample's tokens inside a call (sample <= -2: a loss-masked filler)."""
 
     sample: int
     start: int
@@ -54,7 +70,7 @@ def _packed_call(pieces: Sequence[tuple[int, int, int]]) -> Call:
     for sample, start, length in pieces:
         segs.append(Segment(sample, start, length, offset))
         offset += length
-    sample = torch.cat([torch.full((n,), s if s >= 0 else -1, dtype=torch.int64) for s, _, n in pieces])
+    sample = torch.cat([torch.full((n,), s, dtype=torch.int64) for s, _, n in pieces])
     position = torch.cat([torch.arange(p, p + n, dtype=torch.int64) for _, p, n in pieces])
     return Call(RowIdentity(sample, position), tuple(segs))
 
@@ -102,6 +118,25 @@ def default_order(n: int, seed: int) -> list[int]:
     return order
 
 
+def default_groups(n: int, seed: int) -> list[list[int]]:
+    """Samples regrouped so that each call puts samples beside neighbours they never had in bn_full."""
+    rng = random.Random(seed * 15485863 + 11)
+    n_calls = 1 if n < 2 else min(3, max(2, n // 2))
+    groups: list[list[int]] = [[] for _ in range(n_calls)]
+    for s in range(n):
+        groups[s % n_calls].append(s)
+    for g in groups:
+        g.reverse()
+    rng.shuffle(groups)
+    return [g for g in groups if g]
+
+
+def default_prefix(lengths: Sequence[int], seed: int) -> list[int]:
+    """Per-sample prefix lengths for prefix_cache (seeded; a prefix always leaves a continuation when it can)."""
+    rng = random.Random(seed * 32452843 + 5)
+    return [n if n < 2 else rng.randint(1, n - 1) for n in lengths]
+
+
 def validate_layout(name: str, spec, lengths: Sequence[int]) -> None:
     """Refuse layout parameters that cannot describe these samples (messages name the fix)."""
     if spec.chunks is not None:
@@ -122,6 +157,19 @@ def validate_layout(name: str, spec, lengths: Sequence[int]) -> None:
                              f"0..{len(lengths) - 1}")
     if spec.filler_lengths is not None and name != "bn_mask_density":
         raise ValueError(f"layouts.{name}.filler_lengths: only bn_mask_density takes filler samples")
+    if spec.groups is not None:
+        if name != "bn_neighbors":
+            raise ValueError(f"layouts.{name}.groups: only bn_neighbors takes groups")
+        flat = sorted(s for g in spec.groups for s in g)
+        if flat != list(range(len(lengths))) or any(not g for g in spec.groups):
+            raise ValueError(f"layouts.bn_neighbors.groups: {spec.groups} must name every sample 0.."
+                             f"{len(lengths) - 1} exactly once, in non-empty groups")
+    if spec.prefix is not None:
+        if name != "prefix_cache":
+            raise ValueError(f"layouts.{name}.prefix: only prefix_cache takes prefix lengths")
+        if len(spec.prefix) != len(lengths) or any(not 1 <= p <= n for p, n in zip(spec.prefix, lengths)):
+            raise ValueError(f"layouts.prefix_cache.prefix: {spec.prefix} must give one prefix length per sample, "
+                             f"each between 1 and the sample's length ({list(lengths)})")
 
 
 def build_calls(name: str, spec, lengths: Sequence[int], seed: int) -> list[Call]:
@@ -144,8 +192,21 @@ def build_calls(name: str, spec, lengths: Sequence[int], seed: int) -> list[Call
         pieces: list[tuple[int, int, int]] = []
         for s in range(n):
             pieces.append(whole[s])
-            pieces.append((-1, 0, fillers[s % len(fillers)]))
+            pieces.append((FILLER_BASE - s, 0, fillers[s % len(fillers)]))  # a distinct filler sample id each
         return [_packed_call(pieces)]
+    if name == "bn_neighbors":
+        groups = spec.groups if spec is not None and spec.groups is not None else default_groups(n, seed)
+        return [_packed_call([whole[s] for s in g]) for g in groups]
+    if name == "prefix_cache":
+        prefix = spec.prefix if spec is not None and spec.prefix is not None else default_prefix(lengths, seed)
+        # One request writes every prefix; two continuation requests (in another sample order) reuse it.
+        calls = [_packed_call([(s, 0, prefix[s]) for s in range(n)])]
+        rest = [(s, prefix[s], lengths[s] - prefix[s]) for s in range(n) if lengths[s] > prefix[s]]
+        first = [(s, p, (k + 1) // 2) for s, p, k in rest]
+        second = [(s, p + (k + 1) // 2, k - (k + 1) // 2) for s, p, k in rest if k > 1]
+        calls += [_packed_call(list(reversed(first)))] if first else []
+        calls += [_packed_call(second)] if second else []
+        return calls
     if name == "bn_chunked":
         chunks = spec.chunks if spec is not None and spec.chunks is not None else default_chunks(lengths, seed)
         starts = [[sum(c[:i]) for i in range(len(c))] for c in chunks]
@@ -157,3 +218,11 @@ def build_calls(name: str, spec, lengths: Sequence[int], seed: int) -> list[Call
     if name == "decode":
         return [_packed_call([(s, p, 1) for s in range(n) if p < lengths[s]]) for p in range(max(lengths))]
     raise ValueError(f"unknown layout {name!r}; allowed: {', '.join(LAYOUT_NAMES)}")
+
+
+def same_physical_calls(a: Sequence[Call], b: Sequence[Call]) -> bool:
+    """True when two layouts hand the operator exactly the same calls (a cell comparing them is a tautology)."""
+    if len(a) != len(b):
+        return False
+    return all(x.padded == y.padded and torch.equal(x.rows.sample, y.rows.sample)
+               and torch.equal(x.rows.position, y.rows.position) for x, y in zip(a, b))

@@ -62,9 +62,12 @@ class TensorMetrics(BaseModel):
     max_abs: float = 0.0
     max_rel: float = 0.0
     accuracy_error: float | None = Field(None, description="normwise relative error vs FP64 reference")
-    stock_error: float | None = Field(None, description="stock bf16 torch error vs the same reference")
+    stock_error: float | None = Field(None, description="the stock path's error vs the same reference, in the "
+                                      "tensor's accumulation class (bf16, or FP32 math with TF32 off)")
     accuracy_bound: float | None = None
     accuracy_ok: bool | None = None
+    accuracy_class: str | None = Field(None, description="'bf16', 'fp32' (accumulated and stored in FP32) or "
+                                       "'baseline' (the stock path itself on the reference layout: not judged)")
 
 
 class CellResult(BaseModel):

@@ -19,6 +19,10 @@ from gradsweep.canonical import RowIdentity
 _MASK32 = 0xFFFFFFFF
 _CHUNK_ELEMENTS = 1 << 24  # elements hashed at once (int64 temporaries of 128 MiB)
 PAD_SAMPLE_KEY = 0x7FFF0000  # pads hash with this sample key and their physical row: garbage, never zero
+PAD = -1  # sample id of a pad row (padded batches); fillers (loss-masked neighbour samples) are -2, -3, ...
+# What a pad row holds, by element: NaN, +inf, -inf or a large finite value (what an uninitialised buffer gives).
+_PAD_VALUES = (float("nan"), float("inf"), float("-inf"), 1.0e4)
+_DENOMINATORS: dict[tuple, int] = {}  # (seed, lengths, active_fraction) -> active tokens of the step
 
 
 def _mix32(h: torch.Tensor) -> torch.Tensor:
@@ -87,6 +91,10 @@ class Workload:
                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """Values of unit variance (times ``scale``), shape [R, *feature], drawn in float64 then cast.
 
+        Pad rows (sample -1) hold NaN / +-inf / huge values, as an uninitialised buffer would: a kernel
+        that lets a pad reach a reduction or a logical output turns a logical value into NaN or inf.
+        Filler rows (loss-masked neighbour samples) hold finite garbage of their own.
+
         Drawn in row chunks: a [7217, 151936] logits input would otherwise need tens of GB of
         int64 temporaries. Chunking changes no value (every element is hashed independently).
         """
@@ -98,14 +106,23 @@ class Workload:
         for f in feature:
             numel *= int(f)
         s, p = self._keys(rows, device)
+        host_pad = rows.sample.cpu() == PAD
+        any_pad = bool(host_pad.any())  # decided on the host: no device sync per draw
+        pad = host_pad.to(device)
         key = stream_key(self.seed, stream)
         out = torch.empty((rows.num_rows, numel), dtype=dtype, device=device)
         step = max(1, _CHUNK_ELEMENTS // max(numel, 1))
+        hostile = torch.tensor(_PAD_VALUES, dtype=torch.float64, device=device)
         for r0 in range(0, rows.num_rows, step):
             u = hashed_uniform(key, s[r0:r0 + step], p[r0:r0 + step], numel)
             v = (u * 2.0 - 1.0) * (3.0 ** 0.5) * scale
-            if mask is not None:
-                v = v * mask[r0:r0 + step, None] / denominator
+            if mask is not None:  # real rows: loss mask / denominator; pads and fillers keep their garbage
+                real = rows.sample.to(device)[r0:r0 + step] >= 0
+                v = torch.where(real[:, None], v * mask[r0:r0 + step, None] / denominator, v)
+            pad_rows = pad[r0:r0 + step]
+            if any_pad:
+                pick = hostile[(u * 1e6).to(torch.int64) % len(_PAD_VALUES)]
+                v = torch.where(pad_rows[:, None], pick, v)
             out[r0:r0 + step] = v.to(dtype)
         return out.reshape(rows.num_rows, *feature)
 
@@ -126,14 +143,61 @@ class Workload:
 
     def active_denominator(self) -> int:
         """Number of active logical tokens: the loss denominator, fixed across layouts."""
-        return int(self.active_mask(self.logical_rows()).sum().clamp(min=1))
+        key = (self.seed, self.lengths, self.active_fraction)
+        if key not in _DENOMINATORS:
+            _DENOMINATORS[key] = int(self.active_mask(self.logical_rows()).sum().clamp(min=1))
+        return _DENOMINATORS[key]
 
     def upstream(self, stream: str, rows: RowIdentity, feature: Sequence[int],
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """Upstream gradient rows: values x loss mask / active-token denominator (float64 math, then cast)."""
+        """Upstream gradient rows: values x loss mask / active-token denominator (float64 math, then cast).
+
+        Pad rows receive NaN / inf / huge gradients and filler rows finite nonzero ones (whatever the
+        buffer held): a kernel that folds a row it should skip is caught, it never adds a harmless 0.
+        """
         device = torch.device(device)
         mask = self.active_mask(rows, device).to(torch.float64)
         return self._draw(f"grad:{stream}", rows, feature, 1.0, device, dtype, mask, self.active_denominator())
+
+    def active_counts(self) -> torch.Tensor:
+        """Active (loss-carrying) tokens of each logical sample, float64 [num_samples] (exact integers)."""
+        rows = self.logical_rows()
+        mask = self.active_mask(rows).to(torch.float64)
+        return torch.zeros(self.num_samples, dtype=torch.float64).index_add_(0, rows.sample, mask)
+
+    def loss_upstream(self, stream: str, rows: RowIdentity, reduction: str, device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Upstream gradient of a per-token loss term [R]: exactly the weight of the harness's loss reduction.
+
+        ``token_mean``: mask / active-token denominator (the masked token mean). ``sequence_mean``: mask /
+        (S x A_s), A_s the sample's active tokens and S the samples holding any (the mean over sequences of
+        each sequence's token mean). Both depend on logical identity only; pads and fillers receive the
+        same hostile garbage as ``upstream``.
+        """
+        device = torch.device(device)
+        mask = self.active_mask(rows, device).to(torch.float64)
+        if reduction == "token_mean":
+            weight = mask / self.active_denominator()
+        elif reduction == "sequence_mean":
+            counts = self.active_counts().to(device)
+            sequences = max(int((counts > 0).sum()), 1)
+            per_row = counts[rows.sample.to(device).clamp(min=0)].clamp(min=1.0)
+            weight = mask / (per_row * sequences)
+        else:
+            raise ValueError(f"loss reduction {reduction!r}: use 'token_mean' or 'sequence_mean'")
+        garbage = self._draw(f"grad:{stream}", rows, (), 1.0, device, torch.float64, None)
+        return torch.where(rows.sample.to(device) >= 0, weight, garbage).to(dtype)
+
+    def main_grad_start(self, name: str, shape: Sequence[int], scale: float,
+                        device: torch.device | str = "cpu") -> torch.Tensor:
+        """The FP32 main grad a parameter holds before this step (earlier micro-batches), from (seed, name).
+
+        ``scale`` sets its RMS (the harness uses the RMS of this step's own reference gradient, so
+        the start neither vanishes next to the step's contribution nor swamps it).
+        """
+        gen = torch.Generator(device="cpu").manual_seed(stream_key(self.seed, f"main_grad:{name}"))
+        unit = torch.rand(tuple(shape), generator=gen, dtype=torch.float32).mul_(2).sub_(1)
+        return unit.mul_(float(scale) * 3 ** 0.5).to(device)
 
     def params(self, name: str, shape: Sequence[int], scale: float, dtype: torch.dtype,
                device: torch.device | str) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import CallContext, CallOutput, Candidate, OpSpec, OutputSpec, TokenInput
+from gradsweep.ops.base import CallContext, CallOutput, Candidate, OpSpec, OutputSpec, ParamSpec, TokenInput
 from gradsweep.ops.registry import register
 
 SPLIT_THRESHOLD = 8  # planted_splitk: calls of at most this many rows take a different reduction order
@@ -130,7 +130,89 @@ OP = register(OpSpec(
     shape_model=PlantedShape,
     inputs=(TokenInput("x", _feature, grad="dx"),),
     params=(),
-    outputs=(OutputSpec("y", lambda s: (1,)),),
+    outputs=(OutputSpec("y", lambda s: (1,), dtype=torch.float32),),
     reference=_rowsum_reference,
+    stock=_identity_only,
     candidates=CANDIDATES,
+))
+
+
+# --------------------------------------------------------------------------------------------- planted_scale
+# y = x * w with a per-feature parameter w: the smallest op with a token reduction (dw). Its honest
+# candidate folds dw by the canonical protocol (per-tile FP64 sums, FP32 accumulator loaded first); each
+# planted variant hides one defect that only hostile boundaries, a nonzero starting main grad or the
+# backward order of a real model expose.
+
+SCALE_TILE = 8
+LAST_FORWARD: dict[str, torch.Tensor] = {}  # the stateful defect's global scratch
+
+
+class ScaleShape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    features: PositiveInt = 24
+
+
+def _scale_reference(inputs, params, shape, rows):
+    return {"y": inputs["x"] * params["w"]}
+
+
+def _scale_stock(ctx: CallContext) -> CallOutput:
+    return CallOutput({"y": ctx.inputs["x"].float() * ctx.params["w"].float()})
+
+
+def fold_tiles(fold, rows, x: torch.Tensor, dy: torch.Tensor, *, keep_start: bool = True) -> None:
+    """The canonical fold of dw = sum_t x_t * dy_t: tiles in order, each summed in FP64, added in FP32."""
+    if not keep_start and fold.cursor == 0:
+        fold.main_grad.zero_()  # defect: the accumulator handed in is ignored
+    step = fold.take(rows, (x.detach().float(), dy.detach().float()))
+    src_x, src_dy = step.tensors
+    for t in range(step.num_tiles):
+        idx = step.plan[t].long()
+        valid = (idx >= 0)[:, None]
+        xs = torch.where(valid, src_x[idx.clamp(min=0)], torch.zeros_like(src_x[:1]))  # masked, never 0 * NaN
+        gs = torch.where(valid, src_dy[idx.clamp(min=0)], torch.zeros_like(src_dy[:1]))
+        fold.main_grad += (xs.double() * gs.double()).sum(0).float()
+
+
+class _Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, rows, fold, variant):
+        ctx.save_for_backward(x, w)
+        ctx.rows, ctx.fold, ctx.variant = rows, fold, variant
+        LAST_FORWARD["x"] = x.detach()
+        return x.float() * w.float()
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        if ctx.variant == "stateful":  # defect: the backward reads the LAST forward's activations
+            x = LAST_FORWARD["x"] if LAST_FORWARD["x"].shape == x.shape else x
+        if ctx.variant != "never_folds":
+            fold_tiles(ctx.fold, ctx.rows, x, dy, keep_start=ctx.variant != "ignore_start")
+        if ctx.variant == "folds_pads":  # defect: pad rows are added too (harmless only if pads were zeros)
+            pads = (ctx.rows.sample == -1).to(x.device)
+            if bool(pads.any()):
+                ctx.fold.main_grad += (x[pads].float() * dy[pads]).sum(0)
+        return (dy * w.float()).to(x.dtype), None, None, None, None
+
+
+def _scale_candidate(variant: str) -> Candidate:
+    def run(ctx: CallContext) -> CallOutput:
+        y = _Scale.apply(ctx.inputs["x"], ctx.params["w"], ctx.rows, ctx.fold("w"), variant)
+        return CallOutput({"y": y * (1.0 + 2.0 ** -8) if variant == "scaled_output" else y})
+    return Candidate(f"torch.scale_{variant}", "torch", run, param_grads="fold", fold_tiles=lambda: {"w": SCALE_TILE})
+
+
+SCALE_VARIANTS = ("scaled_output", "honest", "folds_pads", "ignore_start", "never_folds", "stateful")
+SCALE = register(OpSpec(
+    name="planted_scale",
+    description="y = x * w, dw folded canonically; planted variants of its implementation",
+    shape_model=ScaleShape,
+    inputs=(TokenInput("x", _feature, grad="dx"),),
+    params=(ParamSpec("w", _feature, grad="dw", scale=lambda s: 0.5, offset=1.0),),
+    outputs=(OutputSpec("y", _feature, dtype=torch.float32),),
+    reference=_scale_reference,
+    stock=_scale_stock,
+    # the defective "scaled_output" candidate is listed FIRST: the accuracy baseline must still be the stock path
+    candidates={f"torch.scale_{v}": _scale_candidate(v) for v in SCALE_VARIANTS},
 ))

@@ -92,7 +92,12 @@ def test_workload_values_are_a_pure_function_of_logical_identity():
     assert bitwise_compare(a[perm], b).equal
     assert not bitwise_compare(a, w.values("y", full, (4, 3))).equal
     pads = RowIdentity(torch.full((4,), -1), torch.zeros(4, dtype=torch.long))
-    assert (w.values("x", pads, (8,)).abs().sum(-1) > 0).all()
-    assert (w.upstream("y", pads, (8,)) == 0).all()
+    assert (~torch.isfinite(w.values("x", pads, (64,)))).any(-1).all()  # pads: NaN / inf, never zeros
+    assert (~torch.isfinite(w.upstream("y", pads, (64,)))).any(-1).all()  # and NaN / inf gradients
+    fillers = RowIdentity(torch.tensor([-2, -2, -3]), torch.arange(3))
+    g = w.upstream("y", fillers, (64,))
+    assert torch.isfinite(g).all() and (g != 0).any(-1).all()  # fillers: finite, nonzero (never a harmless 0)
+    start = w.main_grad_start("W", (3, 5), 0.25)
+    assert start.dtype == torch.float32 and (start != 0).all() and torch.equal(start, w.main_grad_start("W", (3, 5), 0.25))
     mask = w.active_mask(full)
     assert 0 < int(mask.sum()) < 130 and w.active_denominator() == int(mask.sum())

@@ -24,13 +24,14 @@ def _verdicts(tmp_path, impl: str) -> dict[str, Status]:
 
 
 def test_batch_size_dependent_reduction_is_red_on_exactly_the_predicted_layouts(tmp_path):
-    # split-K only in calls of <= 8 rows: b1_singleton (samples of 5 and 1 tokens) and decode
-    # (at most 5 rows a call) take it; every other layout's calls have more than 8 rows.
+    # split-K only in calls of <= 8 rows: b1_singleton (samples of 5 and 1 tokens), bn_neighbors (a call
+    # of samples 1 and 3: 6 rows) and decode (at most 5 rows a call) take it; every other layout's calls
+    # have more than 8 rows.
     m = load_dict(tmp_path, planted_manifest_dict("torch.splitk"))
     predicted = {lay for lay in m.layouts
                  if any(c.num_rows <= planted_ops.SPLIT_THRESHOLD
                         for c in build_calls(lay, m.layouts[lay], m.samples.lengths, m.seed))}
-    assert predicted == {"b1_singleton", "decode"}
+    assert predicted == {"b1_singleton", "bn_neighbors", "decode"}
     verdicts = _verdicts(tmp_path, "torch.splitk")
     red = {lay for lay, s in verdicts.items() if s == Status.RED_VERDICT}
     assert red == predicted
@@ -117,7 +118,8 @@ class _Spy:
 @pytest.mark.parametrize("layout, expected_rows", [
     ("bn_full", [130]), ("bn_chunked", [34, 56, 40]), ("b1_singleton", [37, 5, 64, 1, 23]),
     ("bn_padded_right", [5 * 64]), ("bn_padded_left", [5 * 64]), ("bn_permuted", [130]),
-    ("bn_mask_density", [130 + 9 + 16 + 3 + 9 + 16]),
+    ("bn_mask_density", [130 + 9 + 16 + 3 + 9 + 16]), ("bn_neighbors", [64 + 37, 5 + 1, 23]),
+    ("prefix_cache", [20 + 2 + 1 + 1 + 10, 9 + 2 + 32 + 7, 8 + 1 + 31 + 6]),
 ])
 def test_layouts_reach_the_operator_as_declared(tmp_path, layout, expected_rows):
     m = load_dict(tmp_path, planted_manifest_dict("torch.identity_only"))
@@ -130,7 +132,7 @@ def test_layouts_reach_the_operator_as_declared(tmp_path, layout, expected_rows)
         _, sample, x = spy.seen[0]
         pads = sample < 0
         assert pads.sum() == 5 * 64 - 130  # padding reaches the operator ...
-        assert (x[pads].abs().sum(-1) > 0).all()  # ... as garbage, never as silent zeros
+        assert (~torch.isfinite(x[pads])).any(-1).all()  # ... as NaN / inf garbage, never as silent zeros
         first_real = int(torch.nonzero(~pads)[0])
         assert (first_real == 0) == (layout == "bn_padded_right")
     if layout == "bn_permuted":
@@ -141,3 +143,9 @@ def test_layouts_reach_the_operator_as_declared(tmp_path, layout, expected_rows)
         # chunking splits samples: sample 0 appears in two calls with positions 0..19 then 20..36
         s0 = [(sample == 0).sum().item() for _, sample, _ in spy.seen]
         assert s0 == [20, 17, 0]
+    if layout == "bn_neighbors":  # every sample once, beside other neighbours than in bn_full
+        groups = [[int(s) for i, s in enumerate(sample) if i == 0 or sample[i - 1] != s] for _, sample, _ in spy.seen]
+        assert groups == [[2, 0], [1, 3], [4]]
+    if layout == "prefix_cache":  # one request writes every prefix; two continuations reuse it
+        firsts = [sorted({int(s) for s in sample}) for _, sample, _ in spy.seen]
+        assert firsts == [[0, 1, 2, 3, 4], [0, 1, 2, 4], [0, 1, 2, 4]]

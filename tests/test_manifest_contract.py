@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pathlib
+import re
+
 import copy
 
 import pytest
@@ -64,8 +67,8 @@ def test_head_dim_not_matching_heads(tmp_path):
 
 def test_chunks_not_summing_to_sample_length(tmp_path):
     msg = _refused(tmp_path, lambda d: d["layouts"]["bn_chunked"].__setitem__(
-        "chunks", [[20, 16], [2, 3], [1, 30, 33], [1], [10, 6, 7]]))
-    assert "bn_chunked.chunks[0]" in msg and "sum to 36" in msg and "37" in msg
+        "chunks", [[64, 37, 27, 21], [2, 3], [1, 31, 32], [1], [10, 7, 6], [32, 5]]))
+    assert "bn_chunked.chunks[0]" in msg and "sum to 149" in msg and "150" in msg
 
 
 def test_unknown_key_is_refused(tmp_path):
@@ -109,13 +112,30 @@ def test_contract_resolver():
     assert c.version
 
 
+# What a private tolerance looks like: a closeness helper, or a comparison against a small float literal
+# (``err < 1e-3``, ``<= 2 ** -6``). Bitwise claims compare raw bits; accuracy bounds come from the contract.
+_TOLERANCE = re.compile(r"atol\s*=|rtol\s*=|allclose\(|assert_close\(|isclose\("
+                        r"|[<>]=?\s*-?\d*\.?\d+e-\d+|[<>]=?\s*2(\.0)?\s*\*\*\s*-\d+"
+                        r"|\b[A-Z0-9_]*(BOUND|TOL|ULP|EPS\d+)[A-Z0-9_]*\b(\s*,\s*[A-Z0-9_]+)*\s*=[^=]")
+
+
 def test_no_tolerance_outside_the_contract():
-    """No literal atol/rtol in the package: the contract file is the only place tolerances live."""
-    import pathlib
-
-    import gradsweep
-
-    root = pathlib.Path(gradsweep.__file__).parent
-    offenders = [str(p) for p in root.rglob("*.py")
-                 if any(w in p.read_text() for w in ("atol=", "rtol=", "allclose("))]
+    """No private tolerance in the package, the tests or the benches: the contract is the only place."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    offenders = []
+    for folder in ("gradsweep", "tests", "bench", "scripts"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.resolve() == pathlib.Path(__file__).resolve():
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if _TOLERANCE.search(line.split("#")[0]):
+                    offenders.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
     assert offenders == []
+
+
+def test_the_tolerance_guard_sees_what_it_must():
+    for planted in ("assert err < 1e-3", "ok = rel <= 2 ** -6", "torch.testing.assert_close(a, b)",
+                    "np.allclose(a, b)", "x = f(a, atol=1)", "REL_BOUND = 2e-2", "EPS32, EPS16 = 2.0 ** -24, 2.0 ** -8"):
+        assert _TOLERANCE.search(planted), planted
+    for fine in ("assert d.mismatched == 0", "scale = 2.0 ** -0.5", "floor: 1.0e-5"):
+        assert not _TOLERANCE.search(fine), fine

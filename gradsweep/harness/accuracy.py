@@ -1,4 +1,10 @@
-"""Accuracy: candidate vs the FP64 reference, bounded by the contract's ratio rule against stock bf16."""
+"""Accuracy: candidate vs the FP64 reference, bounded by the contract's ratio rule against the op's stock path.
+
+The stock error is taken in the tensor's accumulation class: a bf16 output is compared with stock bf16
+torch, an output the candidate accumulates in FP32 with stock FP32 math on the same bf16 values. Main
+grads start nonzero; their error is measured against this step's contribution (``start``), so a small
+increment on a large starting value still shows every error of the fold.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gradsweep.contract import CheckKind, Contract, RatioRule
+from gradsweep.contract import AccumulationClass, CheckKind, Contract, RatioRule
 from gradsweep.harness.compare import normwise_error
+
+BASELINE = "baseline"
 
 
 @dataclass(frozen=True)
@@ -16,18 +24,27 @@ class AccuracyCheck:
     error: float
     stock_error: float
     bound: float
+    accumulation: str
 
     @property
     def ok(self) -> bool:
         return self.error <= self.bound
 
 
-def check_accuracy(contract: Contract, op: str, profile: str, name: str, kind: str, candidate: torch.Tensor,
-                   stock: torch.Tensor | None, reference: torch.Tensor) -> AccuracyCheck:
-    """error(candidate) <= k * error(stock) + floor, with k and floor from the contract only."""
+def check_accuracy(contract: Contract, op: str, profile: str, name: str, kind: str,
+                   accumulation: AccumulationClass, candidate: torch.Tensor, stock: torch.Tensor | None,
+                   reference: torch.Tensor, start: torch.Tensor | None = None) -> AccuracyCheck:
+    """error(candidate) <= k * error(stock, same class) + floor, with k and floor from the contract only."""
     check = CheckKind.FORWARD_ACCURACY if kind == "forward" else CheckKind.GRADIENT_ACCURACY
-    rule = contract.resolve(check, op, name, str(candidate.dtype).removeprefix("torch."), profile)
+    rule = contract.resolve(check, op, name, str(candidate.dtype).removeprefix("torch."), profile, accumulation)
     assert isinstance(rule, RatioRule)
-    err = normwise_error(candidate, reference)
-    stock_err = normwise_error(stock, reference) if stock is not None else 0.0
-    return AccuracyCheck(name, err, stock_err, rule.bound(stock_err))
+    err = normwise_error(candidate, reference, start)
+    stock_err = normwise_error(stock, reference, start) if stock is not None else 0.0
+    return AccuracyCheck(name, err, stock_err, rule.bound(stock_err), accumulation)
+
+
+def baseline_accuracy(name: str, candidate: torch.Tensor, reference: torch.Tensor,
+                      start: torch.Tensor | None = None) -> AccuracyCheck:
+    """The stock path on the reference layout IS the baseline: its error is reported, never judged against itself."""
+    err = normwise_error(candidate, reference, start)
+    return AccuracyCheck(name, err, err, float("inf"), BASELINE)

@@ -1,7 +1,8 @@
-"""One cell (op x profile x layout): classify, run, compare bitwise to bn_full, judge accuracy.
+"""One cell of a manifest (op x profile x layout): classify it, then let ``judge`` run and compare it.
 
-A worker process calls ``run_cell`` for each of its cells; results of the reference layout, the
-FP64 reference and the stock baseline are cached per process so a worker computes each once.
+A worker process calls ``run_cell`` for each of its cells; the op's baselines (FP64 reference, starting
+main grads, stock runs) and each candidate's reference-layout run are cached per process, so a worker
+computes each once.
 """
 
 from __future__ import annotations
@@ -11,16 +12,13 @@ from typing import Any
 
 import torch
 
-from gradsweep.contract import Contract, load_contract
-from gradsweep.harness.accuracy import check_accuracy
-from gradsweep.harness.execute import AdapterError, LayoutRun, MissingBackward, run_layout, run_reference
+from gradsweep.contract import load_contract
 from gradsweep.harness.hardware import check_requirements, resolve_device
-from gradsweep.harness.invariance import compare_runs
+from gradsweep.harness.judge import judge, op_baselines, reference_run
 from gradsweep.layouts import REFERENCE_LAYOUT, build_calls
 from gradsweep.manifest import CandidateStatus, Manifest
-from gradsweep.ops.base import Candidate, OpSpec
 from gradsweep.ops.registry import get_op
-from gradsweep.results import CellKey, CellResult, Status, TensorMetrics
+from gradsweep.results import CellKey, CellResult, Status
 from gradsweep.workload import Workload
 
 _CACHE: dict[tuple, Any] = {}
@@ -37,7 +35,7 @@ def _focus(ident: tuple) -> None:
     """Keep cached baselines of one op only: a worker walks its cells op by op, and a vocab-wide op's
     references and main grads take tens of GB of device memory that the next op needs back."""
     if _CACHE_OP != [ident]:
-        for key in [k for k in _CACHE if k[0] in ("run", "ref")]:
+        for key in [k for k in _CACHE if k[0] in ("run", "base")]:
             del _CACHE[key]
         _CACHE_OP[:] = [ident]
         if torch.cuda.is_available():
@@ -52,17 +50,6 @@ def clear_cache() -> None:
 def workload_of(manifest: Manifest) -> Workload:
     s = manifest.samples
     return Workload(manifest.seed, tuple(s.lengths), s.active_fraction)
-
-
-def stock_candidate(op: OpSpec) -> Candidate | None:
-    """The op's stock-PyTorch candidate: the baseline of the accuracy ratio rule."""
-    return next((c for c in op.candidates.values() if c.family == "torch"), None)
-
-
-def layout_run(manifest: Manifest, op: OpSpec, candidate: Candidate, layout: str,
-               device: torch.device) -> LayoutRun:
-    calls = build_calls(layout, manifest.layouts.get(layout), manifest.samples.lengths, manifest.seed)
-    return run_layout(op, candidate, manifest.shape(op.name), workload_of(manifest), calls, device)
 
 
 def _precheck(manifest: Manifest, key: CellKey) -> tuple[Status, str, str | None] | None:
@@ -109,59 +96,25 @@ def run_cell(manifest: Manifest, key: CellKey, candidate: str | None = None) -> 
     cand = op.candidates[impl]
     device = resolve_device(prof.device)
     contract = _cached(("contract", str(manifest.contract_path)), lambda: load_contract(manifest.contract_path))
-    ident = (str(manifest._source), manifest.name, key.op)
+    workload = workload_of(manifest)
+    lengths = manifest.samples.lengths
+
+    def calls_of(layout: str):
+        return build_calls(layout, manifest.layouts.get(layout), lengths, manifest.seed)
+
+    ref_calls = calls_of(REFERENCE_LAYOUT)
+    ident = (str(manifest._source), manifest.name, key.op, str(device))
     _focus(ident)
-    try:
-        base = _cached(("run", *ident, impl, str(device), REFERENCE_LAYOUT),
-                       lambda: layout_run(manifest, op, cand, REFERENCE_LAYOUT, device))
-        other = layout_run(manifest, op, cand, key.layout, device)
-    except MissingBackward as exc:
-        return CellResult(key=key, status=Status.RED_NO_BACKWARD, reason=str(exc), candidate=impl, shape=shape,
-                          first_failure=f"{exc.tensor}: no gradient path",
-                          duration_s=time.perf_counter() - start)
-    except AdapterError as exc:
-        return CellResult(key=key, status=Status.RED_VERDICT, reason=f"adapter: {exc}", candidate=impl,
-                          shape=shape, first_failure=str(exc), duration_s=time.perf_counter() - start)
-    label_b = f"{REFERENCE_LAYOUT} (rerun)" if key.layout == REFERENCE_LAYOUT else key.layout
-    pairs = compare_runs(base, other, "forward", REFERENCE_LAYOUT, label_b)
-    pairs += compare_runs(base, other, "gradient", REFERENCE_LAYOUT, label_b)
-    reference = _cached(("ref", *ident, str(device)),
-                        lambda: run_reference(op, shape, workload_of(manifest), device))
-    stock = stock_candidate(op)
-    stock_run = None if stock is None else _cached(
-        ("run", *ident, stock.impl_id, str(device), REFERENCE_LAYOUT),
-        lambda: layout_run(manifest, op, stock, REFERENCE_LAYOUT, device))
-    metrics, failures = _judge(contract, op, key, other, stock_run, reference, pairs)
-    status = Status.GREEN if not failures else Status.RED_VERDICT
-    return CellResult(key=key, status=status, reason="; ".join(failures[:3]), candidate=impl,
-                      first_failure=failures[0] if failures else None, tensors=metrics, shape=shape,
+
+    def baselines():
+        return _cached(("base", *ident), lambda: op_baselines(op, shape, workload, ref_calls, device))
+
+    def base_run():
+        return _cached(("run", *ident, impl), lambda: reference_run(op, cand, shape, workload, ref_calls, device,
+                                                                     baselines()))
+
+    verdict = judge(op, cand, key.layout, calls_of(key.layout), ref_calls, shape, workload, device, contract,
+                    key.profile, baselines, base_run, reruns=getattr(manifest, "reruns", 1))
+    return CellResult(key=key, status=verdict.status, reason=verdict.reason, candidate=impl,
+                      first_failure=verdict.first_failure, tensors=verdict.tensors or [], shape=shape,
                       duration_s=time.perf_counter() - start)
-
-
-def _judge(contract: Contract, op: OpSpec, key: CellKey, run: LayoutRun, stock_run: LayoutRun | None,
-           reference: dict[str, torch.Tensor], pairs) -> tuple[list[TensorMetrics], list[str]]:
-    metrics, failures = [], []
-    for pair in pairs:
-        name = pair.tensor
-        kind = run.kinds.get(name, "forward")
-        acc = check_accuracy(contract, op.name, key.profile, name, kind, run.tensors[name],
-                             None if stock_run is None else stock_run.tensors.get(name), reference[name])
-        d = pair.diff
-        metrics.append(TensorMetrics(
-            name=name, kind=kind, invariance_check=f"{pair.config_b} vs {pair.config_a}",
-            bitwise_equal=d.equal, mismatched_elements=d.mismatched, max_abs=_finite(d.max_abs),
-            max_rel=_finite(d.max_rel), accuracy_error=_finite(acc.error), stock_error=_finite(acc.stock_error),
-            accuracy_bound=_finite(acc.bound), accuracy_ok=acc.ok))
-        if not d.equal:
-            failures.append(f"{name} {kind}_invariance: {pair.describe()}")
-        if not acc.ok:
-            failures.append(f"{name} {kind}_accuracy: error {acc.error:.3g} > bound {acc.bound:.3g} "
-                            f"(stock {acc.stock_error:.3g})")
-    return metrics, failures
-
-
-def _finite(x: float) -> float:
-    """JSON has no inf/NaN: clamp to the largest double so evidence stays canonical JSON."""
-    if x != x:
-        return float("1.7976931348623157e308")
-    return min(x, 1.7976931348623157e308)

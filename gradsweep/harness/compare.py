@@ -40,19 +40,27 @@ def bitwise_compare(a: torch.Tensor, b: torch.Tensor) -> BitwiseDiff:
     ad, bd = a[differ].double(), b[differ].double()
     diff = (ad - bd).abs()
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
-    rel = diff / bd.abs().clamp(min=torch.finfo(torch.float64).tiny)
+    # relative to the larger magnitude of the pair: meaningful where one side is 0 (at most 2 then)
+    scale = torch.maximum(ad.abs(), bd.abs())
+    rel = torch.where(scale > 0, diff / scale, torch.zeros_like(diff))
+    rel = torch.where(torch.isinf(diff), torch.full_like(rel, float("inf")), rel)
     return BitwiseDiff(False, n, float(diff.max()), float(rel.max()))
 
 
-def normwise_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
-    """||c - r||_2 / ||r||_2 in float64 (inf when the candidate has a NaN/inf the reference lacks)."""
+def normwise_error(candidate: torch.Tensor, reference: torch.Tensor, start: torch.Tensor | None = None) -> float:
+    """||c - r||_2 / ||r - start||_2 in float64 (inf when the candidate has a NaN/inf the reference lacks).
+
+    ``start``: the value an accumulator held before this step (a main grad's earlier micro-batches); the
+    error is then relative to this step's contribution, not to the accumulated total.
+    """
     if candidate.shape != reference.shape:
         return float("inf")
     r = reference.detach().double()
     c = candidate.detach().to(r.device).double()
     if not torch.isfinite(c).all():
         return float("inf")
-    denom = float(torch.linalg.vector_norm(r))
+    base = r if start is None else r - start.detach().to(r.device).double()
+    denom = float(torch.linalg.vector_norm(base))
     num = float(torch.linalg.vector_norm(c - r))
     if denom == 0.0:
         return 0.0 if num == 0.0 else float("inf")

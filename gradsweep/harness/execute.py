@@ -1,12 +1,17 @@
 """Run one candidate over one layout's calls and restore every result to logical identity.
 
-The harness owns the inputs (from logical identity), the upstream gradients, the loss mask and
-the aggregation across calls; the candidate only sees physical rows.
+The harness owns the inputs (from logical identity), the upstream gradients, the loss mask, the
+starting main grads and the order of the calls' backwards; the candidate only sees physical rows.
+Calls are made as a model makes them: every forward first, then the backwards in reverse call order
+(``schedule="reverse"``), or each backward right after its forward (``"interleaved"``, gradient
+accumulation over micro-batches). Input gradients are read only after every backward ran, because a
+later call may still add to an earlier call's input (attention keys through the KV cache).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +31,7 @@ class MissingBackward(Exception):
 
 
 class AdapterError(Exception):
-    """A candidate's outputs do not cover the logical tokens exactly once (wrong rows or shapes)."""
+    """A candidate's outputs do not cover the logical tokens exactly once (wrong rows, shapes or dtypes)."""
 
 
 @dataclass
@@ -37,6 +42,7 @@ class LayoutRun:
     kinds: dict[str, str]
     call_rows: list[int] = field(default_factory=list)
     padded_calls: int = 0
+    schedule: str = "reverse"
 
 
 _PARAMS: dict[tuple, dict[str, torch.Tensor]] = {}
@@ -57,17 +63,87 @@ def make_params(op: OpSpec, shape: Shape, workload: Workload, device: torch.devi
     return {name: t.clone() for name, t in _PARAMS[key].items()}
 
 
+_LOGICAL: dict[tuple, tuple[dict[str, torch.Tensor], list[torch.Tensor]]] = {}
+
+
+def _logical_data(op: OpSpec, shape: Shape, workload: Workload, device: torch.device
+                  ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """Every logical token's inputs (bf16 / ids) and upstream gradients (declared dtype), drawn once.
+
+    A value is a pure function of (seed, sample, position), so a call's real rows are gathered from these
+    tables instead of re-hashing them: a decode layout makes thousands of calls of a few rows each.
+    """
+    key = (op.name, tuple(sorted(shape.items())), workload, str(device))
+    if key not in _LOGICAL:
+        if len(_LOGICAL) >= 2:
+            _LOGICAL.clear()
+        rows = workload.logical_rows()
+        inputs = {spec.name: _draw_input(spec, shape, workload, rows, device) for spec in op.inputs}
+        ups = [_draw_upstream(spec, shape, workload, rows, device) for spec in op.outputs]
+        _LOGICAL[key] = (inputs, ups)
+    return _LOGICAL[key]
+
+
+def _draw_input(spec, shape: Shape, workload: Workload, rows: RowIdentity, device: torch.device) -> torch.Tensor:
+    if spec.is_index:
+        return workload.indices(f"in:{spec.name}", rows, spec.index_high(shape), device)
+    return workload.values(f"in:{spec.name}", rows, spec.feature(shape), spec.scale, device, torch.bfloat16)
+
+
+def _draw_upstream(spec, shape: Shape, workload: Workload, rows: RowIdentity, device: torch.device) -> torch.Tensor:
+    if spec.upstream == "drawn":
+        return workload.upstream(spec.name, rows, spec.feature(shape), device, spec.dtype)
+    # a per-token loss term: its upstream is the harness's loss reduction itself
+    return workload.loss_upstream(spec.name, rows, spec.upstream, device, spec.dtype)
+
+
+def _gather(table: torch.Tensor, rows: RowIdentity, workload: Workload, draw_others) -> torch.Tensor:
+    """Rows of a call: real rows from the logical table, pads and fillers drawn for this call (hostile)."""
+    idx = workload.logical_index(rows)
+    real = idx >= 0
+    if bool(real.all()):
+        return table.index_select(0, idx.to(table.device))
+    out = torch.empty((rows.num_rows, *table.shape[1:]), dtype=table.dtype, device=table.device)
+    pos = torch.nonzero(real)[:, 0]
+    out[pos.to(table.device)] = table.index_select(0, idx[pos].to(table.device))
+    others = torch.nonzero(~real)[:, 0]
+    out[others.to(table.device)] = draw_others(RowIdentity(rows.sample[others], rows.position[others]))
+    return out
+
+
 def make_inputs(op: OpSpec, shape: Shape, workload: Workload, rows: RowIdentity, device: torch.device,
                 dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """Per-row inputs from logical identity (pads: garbage that can never pass for a token)."""
+    """Per-row inputs from logical identity, rounded to bf16 (then upcast to ``dtype`` for baselines).
+
+    Every run of a cell, candidate, stock or reference, consumes the same bf16 values; pads hold
+    NaN / inf (workload.values).
+    """
+    tables, _ = _logical_data(op, shape, workload, device)
     out = {}
     for spec in op.inputs:
-        if spec.is_index:
-            out[spec.name] = workload.indices(f"in:{spec.name}", rows, spec.index_high(shape), device)
-        else:
-            out[spec.name] = workload.values(f"in:{spec.name}", rows, spec.feature(shape), spec.scale,
-                                             device, dtype)
+        v = _gather(tables[spec.name], rows, workload,
+                    lambda r, spec=spec: _draw_input(spec, shape, workload, r, device))
+        out[spec.name] = v if spec.is_index or dtype == torch.bfloat16 else v.to(dtype)
     return out
+
+
+def make_upstream(op: OpSpec, shape: Shape, workload: Workload, rows: RowIdentity, device: torch.device,
+                  dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Upstream gradients of every output, drawn in the output's declared dtype, then upcast to ``dtype``."""
+    _, tables = _logical_data(op, shape, workload, device)
+    grads = []
+    for spec, table in zip(op.outputs, tables):
+        g = _gather(table, rows, workload,
+                    lambda r, spec=spec: _draw_upstream(spec, shape, workload, r, device))
+        grads.append(g if dtype is None or dtype == spec.dtype else g.to(dtype))
+    return grads
+
+
+def main_grad_starts(op: OpSpec, shape: Shape, workload: Workload, scales: dict[str, float],
+                     device: torch.device) -> dict[str, torch.Tensor]:
+    """The FP32 main grad each parameter holds before the step (gradient accumulation), by parameter name."""
+    return {p.name: workload.main_grad_start(p.name, p.shape(shape), scales.get(p.grad, 1.0), device)
+            for p in op.params}
 
 
 def _restore(workload: Workload, rows: RowIdentity, physical: torch.Tensor, dest: torch.Tensor,
@@ -85,24 +161,55 @@ def _restore(workload: Workload, rows: RowIdentity, physical: torch.Tensor, dest
     dest[target.to(dest.device)] = physical[real.to(physical.device)].detach().to(dest.dtype)
 
 
+@contextmanager
+def exact_fp32():
+    """FP32 math without TF32 (the FP32-accumulating stock baseline must not round operands to 10 bits)."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@dataclass
+class _Pending:
+    """One call's forward results, waiting for its backward."""
+
+    rows: RowIdentity
+    inputs: dict[str, torch.Tensor]
+    outs: list[torch.Tensor]
+    grads: list[torch.Tensor]
+
+
 def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workload, calls: Sequence[Call],
-               device: torch.device, backward: bool = True) -> LayoutRun:
-    """Run every call, backward with the harness's upstream gradients, restore to logical order."""
+               device: torch.device, backward: bool = True, schedule: str = "reverse",
+               main_grads: dict[str, torch.Tensor] | None = None,
+               compute_dtype: torch.dtype = torch.bfloat16) -> LayoutRun:
+    """Run every call (forward, then backward by ``schedule``) and restore results to logical order.
+
+    ``main_grads``: the FP32 main grad each parameter starts from (zeros when None). A folding candidate
+    gets it as its accumulator; an autograd candidate's gradient is added to it in FP32, as a trainer's
+    gradient accumulation does. ``compute_dtype`` float32 runs a stock baseline on the same bf16 values.
+    """
+    if schedule not in ("reverse", "interleaved"):
+        raise ValueError(f"unknown schedule {schedule!r}; use 'reverse' or 'interleaved'")
     total = workload.num_tokens
-    params = {n: t.clone().requires_grad_(backward) for n, t in make_params(op, shape, workload, device).items()}
+    params = {n: t.to(compute_dtype).requires_grad_(backward)
+              for n, t in make_params(op, shape, workload, device).items()}
+    starts = {n: (main_grads[n].clone() if main_grads is not None and n in main_grads
+                  else torch.zeros(t.shape, dtype=torch.float32, device=device)) for n, t in params.items()}
     folds: dict[str, CanonicalFold] = {}
     if candidate.param_grads == "fold" and backward:
         tiles = candidate.fold_tiles()
-        folds = {n: CanonicalFold(torch.zeros(t.shape, dtype=torch.float32, device=device), workload.lengths,
-                                  tiles[n]) for n, t in params.items()}
+        folds = {n: CanonicalFold(starts[n], workload.lengths, tiles[n]) for n in params}
     state: dict = {}
     logical: dict[str, torch.Tensor] = {}
     filled: dict[str, torch.Tensor] = {}
     kinds: dict[str, str] = {}
-    pending: list[tuple[RowIdentity, dict[str, torch.Tensor]]] = []
-    outs_all: list[torch.Tensor] = []
-    grads_all: list[torch.Tensor] = []
-    run = LayoutRun({}, kinds)
+    pending: list[_Pending] = []
+    run = LayoutRun({}, kinds, schedule=schedule)
 
     def dest(name: str, kind: str, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name not in logical:
@@ -115,62 +222,75 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
         call = as_padded(call) if op.padded_input else call
         run.call_rows.append(call.num_rows)
         run.padded_calls += call.padded is not None
-        inputs = make_inputs(op, shape, workload, call.rows, device)
+        inputs = make_inputs(op, shape, workload, call.rows, device, compute_dtype)
         for spec in op.inputs:
             if spec.grad and backward:
                 inputs[spec.name].requires_grad_(True)
         ctx = CallContext(call, inputs, params, folds, state, shape, workload.lengths)
         result = candidate.run(ctx)
         out_rows = result.rows or call.rows
-        outs, grads = [], []
+        outs = []
         for spec in op.outputs:
             if spec.name not in result.tensors:
                 raise AdapterError(f"candidate {candidate.impl_id} returned no output {spec.name!r}")
             t = result.tensors[spec.name]
+            want = spec.dtype if compute_dtype == torch.bfloat16 else compute_dtype
+            if t.dtype != want:
+                raise AdapterError(f"{spec.name}: candidate {candidate.impl_id} returned {t.dtype}, the op declares "
+                                   f"{want}")
             d, f = dest(spec.name, "forward", t)
             _restore(workload, out_rows, t, d, f, spec.name)
-            if backward:
-                if not t.requires_grad:
-                    raise MissingBackward(spec.name, f"output {spec.name} of {candidate.impl_id} has no grad_fn")
-                outs.append(t)
-                grads.append(workload.upstream(spec.name, out_rows, spec.feature(shape), device, t.dtype))
+            if backward and not t.requires_grad:
+                raise MissingBackward(spec.name, f"output {spec.name} of {candidate.impl_id} has no grad_fn")
+            outs.append(t)
         if not backward:
             continue
-        if op.backward_scope == "call":
-            torch.autograd.backward(outs, grads)
-            _collect_input_grads(op, call.rows, inputs, workload, dest)
-        else:
-            outs_all += outs
-            grads_all += grads
-            pending.append((call.rows, inputs))
-    folded = set()
-    if backward and op.backward_scope == "layout":
-        torch.autograd.backward(outs_all, grads_all)
-        if candidate.folded_input_grads is not None:
-            for name, grad in candidate.folded_input_grads(state).items():
-                if grad.shape[0] != total:
-                    raise AdapterError(f"{name}: folded gradient has {grad.shape[0]} rows for {total} tokens")
-                logical[name], kinds[name] = grad.detach(), "gradient"
-                folded.add(name)
-        for rows, inputs in pending:
-            _collect_input_grads(op, rows, inputs, workload, dest, skip=folded)
+        grads = make_upstream(op, shape, workload, out_rows, device, None if compute_dtype == torch.bfloat16
+                              else compute_dtype)
+        pending.append(_Pending(call.rows, inputs, outs, grads))
+        if schedule == "interleaved":
+            torch.autograd.backward(outs, grads, retain_graph=True)
     if backward:
-        for spec in op.params:
-            p = params[spec.name]
-            if spec.name in folds:
-                if p.grad is not None:
-                    raise AdapterError(f"{spec.grad}: the kernel folded a main grad AND returned a gradient")
-                logical[spec.grad] = folds[spec.name].finish()
-            elif p.grad is None:
-                raise MissingBackward(spec.grad, f"parameter {spec.name} received no gradient")
-            else:
-                logical[spec.grad] = p.grad.detach()
-            kinds[spec.grad] = "gradient"
+        if schedule == "reverse":
+            for p in reversed(pending):
+                torch.autograd.backward(p.outs, p.grads, retain_graph=True)
+        _finish_backward(op, candidate, params, folds, starts, state, pending, workload, logical, kinds, dest)
     for name, f in filled.items():
         if not bool(f.all()):
             raise AdapterError(f"{name}: {int((~f).sum())} logical tokens were never produced")
     run.tensors = logical
     return run
+
+
+def _finish_backward(op: OpSpec, candidate: Candidate, params, folds, starts, state, pending, workload,
+                     logical, kinds, dest) -> None:
+    """Collect input gradients (after every backward), folded input grads and the parameters' main grads."""
+    total = workload.num_tokens
+    folded: set[str] = set()
+    if candidate.folded_input_grads is not None:
+        for name, grad in candidate.folded_input_grads(state).items():
+            if grad.shape[0] != total:
+                raise AdapterError(f"{name}: folded gradient has {grad.shape[0]} rows for {total} tokens")
+            logical[name], kinds[name] = grad.detach(), "gradient"
+            folded.add(name)
+    for p in pending:
+        _collect_input_grads(op, p.rows, p.inputs, workload, dest, skip=folded)
+    for spec in op.params:
+        p = params[spec.name]
+        if spec.name in folds:
+            if p.grad is not None:
+                raise AdapterError(f"{spec.grad}: the kernel folded a main grad AND returned a gradient")
+            fold = folds[spec.name]
+            if not fold.done:
+                missing = fold.total_tiles - fold.cursor
+                raise MissingBackward(spec.grad, f"the fold of parameter {spec.name} never completed ({missing} of "
+                                      f"{fold.total_tiles} canonical tiles never reached the backward)")
+            logical[spec.grad] = fold.finish()
+        elif p.grad is None:
+            raise MissingBackward(spec.grad, f"parameter {spec.name} received no gradient")
+        else:
+            logical[spec.grad] = starts[spec.name] + p.grad.detach().float()
+        kinds[spec.grad] = "gradient"
 
 
 def _collect_input_grads(op: OpSpec, rows: RowIdentity, inputs: dict[str, torch.Tensor], workload: Workload,
@@ -189,20 +309,27 @@ def _collect_input_grads(op: OpSpec, rows: RowIdentity, inputs: dict[str, torch.
         _restore(workload, rows, g, d, f, spec.grad)
 
 
-def run_reference(op: OpSpec, shape: Shape, workload: Workload, device: torch.device) -> dict[str, torch.Tensor]:
-    """FP64 forward and VJP on the logical tokens (bf16-rounded inputs and parameters, upcast)."""
+def run_reference(op: OpSpec, shape: Shape, workload: Workload, device: torch.device,
+                  main_grads: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """FP64 forward and VJP on the logical tokens, from exactly the bf16 values every candidate consumes.
+
+    Inputs, parameters and upstream gradients are the bf16 (or declared-dtype) values, upcast; each
+    parameter gradient is added to its starting main grad (``main_grads``, zeros when None).
+    """
     rows = workload.logical_rows()
-    inputs = make_inputs(op, shape, workload, rows, device)
-    inputs = {k: (v.double().requires_grad_(True) if v.is_floating_point() else v) for k, v in inputs.items()}
+    inputs = make_inputs(op, shape, workload, rows, device, torch.float64)
+    inputs = {k: (v.requires_grad_(True) if v.is_floating_point() else v) for k, v in inputs.items()}
     params = {k: v.double().requires_grad_(True) for k, v in make_params(op, shape, workload, device).items()}
     outs = op.reference(inputs, params, shape, rows)
     result = {k: v.detach() for k, v in outs.items()}
     if op.differentiable:
-        grads = [workload.upstream(spec.name, rows, spec.feature(shape), device) for spec in op.outputs]
+        grads = make_upstream(op, shape, workload, rows, device, torch.float64)
         torch.autograd.backward([outs[s.name] for s in op.outputs], grads)
         for spec in op.inputs:
             if spec.grad:
                 result[spec.grad] = inputs[spec.name].grad
         for spec in op.params:
-            result[spec.grad] = params[spec.name].grad
+            g = params[spec.name].grad
+            start = main_grads.get(spec.name) if main_grads is not None else None
+            result[spec.grad] = g if start is None else g + start.double()
     return result

@@ -71,10 +71,19 @@ class ParamSpec:
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """A per-token output (its upstream gradient is drawn from logical identity)."""
+    """A per-token output (its upstream gradient is drawn from logical identity).
+
+    ``dtype`` is the dtype every candidate must return: the harness draws the upstream gradient in it,
+    so candidates, the stock baselines and the FP64 reference all consume the same values.
+    ``upstream``: ``"drawn"`` (values x loss mask / active-token denominator), or, for a per-token loss term
+    (feature ``()``), the harness's loss reduction itself: ``"token_mean"`` (mask / active-token denominator)
+    or ``"sequence_mean"`` (mask / (samples with an active token x the sample's active tokens)).
+    """
 
     name: str
     feature: Callable[[Shape], tuple[int, ...]]
+    dtype: torch.dtype = torch.bfloat16
+    upstream: Literal["drawn", "token_mean", "sequence_mean"] = "drawn"
 
 
 @dataclass
@@ -137,14 +146,27 @@ class OpSpec:
     outputs: tuple[OutputSpec, ...]
     reference: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor], Shape, RowIdentity],
                         dict[str, torch.Tensor]]
+    # The op's stock PyTorch path, declared once: the accuracy baseline (run in bf16, and in FP32 with TF32
+    # off for outputs a candidate accumulates in FP32) and the ``torch.<op>`` candidate. Never a kernel.
+    stock: Callable[[CallContext], CallOutput]
     candidates: dict[str, Candidate]
     layouts: tuple[str, ...] = ROW_LAYOUTS
     differentiable: bool = True
     padded_input: bool = False
     backward_scope: Literal["call", "layout"] = "call"
 
+    def __post_init__(self) -> None:
+        stock_id = f"torch.{self.name}"
+        if stock_id not in self.candidates:  # the status-quo candidate always exists and is the stock path
+            self.candidates[stock_id] = Candidate(stock_id, "torch", self.stock)
+        elif self.candidates[stock_id].run is not self.stock:
+            raise ValueError(f"op {self.name}: candidate {stock_id} must be the op's declared stock path")
+
     def gradient_names(self) -> list[str]:
         return [i.grad for i in self.inputs if i.grad] + [p.grad for p in self.params]
+
+    def output(self, name: str) -> OutputSpec:
+        return next(o for o in self.outputs if o.name == name)
 
 
 def kernel_module(family: Family, name: str) -> ModuleType:
@@ -172,7 +194,7 @@ def kernel_candidates(op: str, module: str, run: Callable[[ModuleType, CallConte
 
 
 def torch_candidate(op: str, run: Callable[[CallContext], CallOutput]) -> dict[str, Candidate]:
-    """The stock-PyTorch candidate of an op (the status quo, allowed to be red)."""
+    """The stock-PyTorch candidate of an op (the status quo, allowed to be red); ``run`` is ``OpSpec.stock``."""
     return {f"torch.{op}": Candidate(f"torch.{op}", "torch", run)}
 
 

@@ -6,6 +6,7 @@ dhidden and dW.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
@@ -18,7 +19,6 @@ from gradsweep.ops.base import (
     ParamSpec,
     TokenInput,
     kernel_module,
-    torch_candidate,
 )
 from gradsweep.ops.logp import selected_logp_reference, stock_selected_logp
 
@@ -41,13 +41,19 @@ def stock_linear_logp(ctx: CallContext) -> CallOutput:
 INPUTS = (TokenInput("hidden", lambda s: (s["hidden"],), grad="dhidden"),
           TokenInput("targets", lambda s: (), index_high=lambda s: s["vocab"]))
 PARAMS = (ParamSpec("W", lambda s: (s["vocab"], s["hidden"]), grad="dW", scale=lambda s: s["hidden"] ** -0.5),)
-OUTPUTS = (OutputSpec("logp", lambda s: ()),)
+OUTPUTS = (OutputSpec("logp", lambda s: (), dtype=torch.float32),)
 
 
 def _triton_chain(ctx: CallContext) -> CallOutput:
     gemm, logp = kernel_module("triton", "gemm"), kernel_module("triton", "logp")
     logits = gemm.det_linear(ctx.inputs["hidden"], ctx.params["W"], ctx.rows, ctx.fold("W"))
     return CallOutput({"logp": logp.selected_logp(logits, ctx.inputs["targets"])})
+
+
+def _cuda_chain(ctx: CallContext) -> CallOutput:
+    mod = kernel_module("cuda", "batch_invariant_logp")
+    return CallOutput({"logp": mod.batch_invariant_logp(ctx.inputs["hidden"], ctx.params["W"], ctx.inputs["targets"],
+                                                        ctx.rows, ctx.fold("W"))})
 
 
 OP = OpSpec(
@@ -58,8 +64,11 @@ OP = OpSpec(
     params=PARAMS,
     outputs=OUTPUTS,
     reference=linear_logp_reference,
-    candidates={**torch_candidate("batch_invariant_logp", stock_linear_logp),
-                "triton.batch_invariant_logp": Candidate(
+    stock=stock_linear_logp,
+    candidates={"triton.batch_invariant_logp": Candidate(
                     "triton.batch_invariant_logp", "triton", _triton_chain, param_grads="fold",
-                    fold_tiles=lambda: {"W": int(kernel_module("triton", "gemm").TILE)})},
+                    fold_tiles=lambda: {"W": int(kernel_module("triton", "gemm").TILE)}),
+                "cuda.batch_invariant_logp": Candidate(
+                    "cuda.batch_invariant_logp", "cuda", _cuda_chain, param_grads="fold",
+                    fold_tiles=lambda: {"W": int(kernel_module("cuda", "batch_invariant_logp").TILE)})},
 )

@@ -13,7 +13,6 @@ from gradsweep.ops.base import (
     ParamSpec,
     TokenInput,
     kernel_candidates,
-    torch_candidate,
 )
 
 
@@ -44,8 +43,8 @@ def linear_op(name: str, description: str, shape_model: type[BaseModel], x: str,
         params=(ParamSpec("W", lambda s: (s[y_dim], s[x_dim]), grad="dW", scale=lambda s: s[x_dim] ** -0.5),),
         outputs=(OutputSpec(y, lambda s: (s[y_dim],)),),
         reference=reference,
-        candidates={**torch_candidate(name, stock),
-                    **kernel_candidates(name, module, kernel, families=("triton",), fold_params=("W",))},
+        stock=stock,
+        candidates={**kernel_candidates(name, module, kernel, families=("triton", "cuda"), fold_params=("W",))},
     )
 
 

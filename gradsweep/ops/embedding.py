@@ -13,7 +13,6 @@ from gradsweep.ops.base import (
     ParamSpec,
     TokenInput,
     kernel_candidates,
-    torch_candidate,
 )
 
 
@@ -44,7 +43,7 @@ OP = OpSpec(
     params=(ParamSpec("weight", lambda s: (s["vocab"], s["hidden"]), grad="dweight"),),
     outputs=(OutputSpec("y", lambda s: (s["hidden"],)),),
     reference=_reference,
-    candidates={**torch_candidate("embedding", _stock),
-                **kernel_candidates("embedding", "embedding", _kernel, families=("triton",),
+    stock=_stock,
+    candidates={**kernel_candidates("embedding", "embedding", _kernel, families=("triton", "cuda"),
                                     fold_params=("weight",))},
 )

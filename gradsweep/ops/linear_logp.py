@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, kernel_candidates, torch_candidate
+from gradsweep.ops.base import CallContext, CallOutput, OpSpec, kernel_candidates
 from gradsweep.ops.batch_invariant_logp import (
     INPUTS,
     OUTPUTS,
@@ -26,7 +26,7 @@ OP = OpSpec(
     params=PARAMS,
     outputs=OUTPUTS,
     reference=linear_logp_reference,
-    candidates={**torch_candidate("linear_logp", stock_linear_logp),
-                **kernel_candidates("linear_logp", "linear_logp", _kernel, families=("triton",),
+    stock=stock_linear_logp,
+    candidates={**kernel_candidates("linear_logp", "linear_logp", _kernel, families=("triton", "cuda"),
                                     fold_params=("W",))},
 )

@@ -12,7 +12,6 @@ from gradsweep.ops.base import (
     OutputSpec,
     TokenInput,
     kernel_candidates,
-    torch_candidate,
 )
 
 
@@ -49,8 +48,8 @@ OP = OpSpec(
     inputs=(TokenInput("logits", lambda s: (s["vocab"],), grad="dlogits", scale=2.0),
             TokenInput("targets", lambda s: (), index_high=lambda s: s["vocab"])),
     params=(),
-    outputs=(OutputSpec("logp", lambda s: ()),),
+    outputs=(OutputSpec("logp", lambda s: (), dtype=torch.float32),),
     reference=_reference,
-    candidates={**torch_candidate("logp", _stock),
-                **kernel_candidates("logp", "logp", _kernel, families=("triton",))},
+    stock=_stock,
+    candidates={**kernel_candidates("logp", "logp", _kernel, families=("triton", "cuda"))},
 )

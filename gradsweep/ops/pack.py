@@ -13,8 +13,8 @@ from gradsweep.ops.base import (
     OutputSpec,
     TokenInput,
     kernel_candidates,
-    torch_candidate,
 )
+from gradsweep.workload import PAD
 
 
 class PackShape(BaseModel):
@@ -31,22 +31,25 @@ def _packed_rows(ctx: CallContext) -> RowIdentity:
     return RowIdentity.packed([s.length for s in segs], [s.sample for s in segs], [s.start for s in segs])
 
 
-def _batch(ctx: CallContext) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(ctx: CallContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x as [B, L, H], each sample's length and the column where it starts (right or left padding)."""
     b, width = ctx.call.padded
     x = ctx.inputs["x"]
-    lengths = torch.tensor([s.length for s in ctx.call.segments], dtype=torch.int64, device=x.device)
-    return x.reshape(b, width, *x.shape[1:]), lengths
+    lengths = torch.tensor([s.length for s in ctx.call.segments], dtype=torch.int64)
+    starts = torch.tensor([s.row_offset - i * width for i, s in enumerate(ctx.call.segments)], dtype=torch.int64)
+    return x.reshape(b, width, *x.shape[1:]), lengths, starts
 
 
 def _stock(ctx: CallContext) -> CallOutput:
-    x, lengths = _batch(ctx)
-    keep = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
+    """What a trainer writes: x[attention_mask] (the mask marks the real tokens, left or right padded)."""
+    x, _, _ = _batch(ctx)
+    keep = (ctx.rows.sample != PAD).reshape(x.shape[0], x.shape[1]).to(x.device)  # fillers are real tokens
     return CallOutput({"packed": x[keep]}, rows=_packed_rows(ctx))
 
 
 def _kernel(mod, ctx: CallContext) -> CallOutput:
-    x, lengths = _batch(ctx)
-    return CallOutput({"packed": mod.pack(x, lengths)}, rows=_packed_rows(ctx))
+    x, lengths, starts = _batch(ctx)
+    return CallOutput({"packed": mod.pack(x, lengths, starts)}, rows=_packed_rows(ctx))
 
 
 OP = OpSpec(
@@ -57,8 +60,11 @@ OP = OpSpec(
     params=(),
     outputs=(OutputSpec("packed", lambda s: (s["hidden"],)),),
     reference=_reference,
-    candidates={**torch_candidate("pack", _stock),
-                **kernel_candidates("pack", "pack", _kernel, families=("triton",))},
-    layouts=("bn_full", "bn_chunked", "b1_singleton", "bn_padded_right", "bn_permuted", "bn_mask_density"),
+    stock=_stock,
+    candidates={**kernel_candidates("pack", "pack", _kernel, families=("triton", "cuda"))},
+    # Every call of pack is a padded batch, so bn_full already IS a right-padded batch: bn_padded_right
+    # would hand the kernel the reference's own calls (a tautological cell). Left padding differs.
+    layouts=("bn_full", "bn_chunked", "b1_singleton", "bn_padded_left", "bn_permuted", "bn_mask_density",
+             "bn_neighbors", "prefix_cache"),
     padded_input=True,
 )

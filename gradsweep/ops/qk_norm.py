@@ -15,7 +15,6 @@ from gradsweep.ops.base import (
     TokenInput,
     head_feature,
     kernel_candidates,
-    torch_candidate,
 )
 from gradsweep.ops.rms_norm import rms_reference
 
@@ -48,7 +47,7 @@ OP = OpSpec(
     params=(ParamSpec("weight", lambda s: (s["head_dim"],), grad="dweight", scale=lambda s: 0.1, offset=1.0),),
     outputs=(OutputSpec("y", head_feature),),
     reference=_reference,
-    candidates={**torch_candidate("qk_norm", _stock),
-                **kernel_candidates("qk_norm", "qk_norm", _kernel, families=("triton",),
+    stock=_stock,
+    candidates={**kernel_candidates("qk_norm", "qk_norm", _kernel, families=("triton", "cuda"),
                                     fold_params=("weight",))},
 )

@@ -14,7 +14,6 @@ from gradsweep.ops.base import (
     ParamSpec,
     TokenInput,
     kernel_candidates,
-    torch_candidate,
 )
 
 
@@ -50,6 +49,6 @@ OP = OpSpec(
     params=(ParamSpec("weight", lambda s: (s["hidden"],), grad="dweight", scale=lambda s: 0.1, offset=1.0),),
     outputs=(OutputSpec("y", lambda s: (s["hidden"],)),),
     reference=_reference,
-    candidates={**torch_candidate("rms_norm", _stock),
-                **kernel_candidates("rms_norm", "rms_norm", _kernel, fold_params=("weight",))},
+    stock=_stock,
+    candidates={**kernel_candidates("rms_norm", "rms_norm", _kernel, fold_params=("weight",))},
 )

@@ -13,7 +13,6 @@ from gradsweep.ops.base import (
     TokenInput,
     kernel_candidates,
     positions_on,
-    torch_candidate,
 )
 
 
@@ -72,5 +71,6 @@ OP = OpSpec(
     params=(),
     outputs=(OutputSpec("y", _feature),),
     reference=_reference,
-    candidates={**torch_candidate("rope", _stock), **kernel_candidates("rope", "rope", _kernel)},
+    stock=_stock,
+    candidates={**kernel_candidates("rope", "rope", _kernel)},
 )

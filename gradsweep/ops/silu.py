@@ -12,7 +12,6 @@ from gradsweep.ops.base import (
     OutputSpec,
     TokenInput,
     kernel_candidates,
-    torch_candidate,
 )
 
 
@@ -34,7 +33,7 @@ OP = OpSpec(
     params=(),
     outputs=(OutputSpec("y", lambda s: (s["features"],)),),
     reference=_reference,
-    candidates={**torch_candidate("silu", lambda ctx: CallOutput({"y": F.silu(ctx.inputs["x"])})),
-                **kernel_candidates("silu", "silu",
+    stock=lambda ctx: CallOutput({"y": F.silu(ctx.inputs["x"])}),
+    candidates={**kernel_candidates("silu", "silu",
                                     lambda mod, ctx: CallOutput({"y": mod.silu(ctx.inputs["x"])}))},
 )

@@ -13,7 +13,6 @@ from gradsweep.ops.base import (
     OutputSpec,
     TokenInput,
     kernel_candidates,
-    torch_candidate,
 )
 
 
@@ -47,5 +46,6 @@ OP = OpSpec(
     params=(),
     outputs=(OutputSpec("y", _feature),),
     reference=_reference,
-    candidates={**torch_candidate("swiglu", _stock), **kernel_candidates("swiglu", "swiglu", _kernel)},
+    stock=_stock,
+    candidates={**kernel_candidates("swiglu", "swiglu", _kernel)},
 )

@@ -2,7 +2,8 @@
 
 Both are row copies between a sample's padded slot and its packed slot (pure data movement, bit-exact,
 row-wise; no per-row index map is built), and each is the other's adjoint, so the backward of one is
-the forward of the other.
+the forward of the other. A sample's tokens start at column ``starts[b]`` of its batch row (0 for right
+padding, L - length for left padding); pad slots are never read, whatever they hold.
 """
 
 from __future__ import annotations
@@ -20,40 +21,46 @@ BLOCK_H = 1024
 def _pack_kernel(src_ptr, dst_ptr, meta_ptr, n_samples, max_len, H, UNPACK: tl.constexpr,
                  ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """Program (b, row block, column block) copies rows of sample b between its padded slot
-    [b * max_len + p] and its packed slot [offset_b + p]; unpack writes zeros for p >= length_b."""
+    [b * max_len + start_b + p] and its packed slot [offset_b + p]; unpack writes zeros into pad slots."""
     b = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(2).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     cmask = (cols < H)[None, :]
     n = tl.load(meta_ptr + b).to(tl.int64)
     first = tl.load(meta_ptr + n_samples + b).to(tl.int64)
+    start = tl.load(meta_ptr + 2 * n_samples + b).to(tl.int64)
     real = (p < n)[:, None] & cmask
-    padded = (b * max_len + p)[:, None] * H + cols[None, :]
+    padded = (b * max_len + start + p)[:, None] * H + cols[None, :]
     packed = (first + p)[:, None] * H + cols[None, :]
-    if UNPACK:
-        v = tl.load(src_ptr + packed, mask=real, other=0.0)
-        tl.store(dst_ptr + padded, v, mask=(p < max_len)[:, None] & cmask)
+    if UNPACK:  # slot p of the batch row: sample row p - start when it lies inside the sample, else zero
+        q = p - start
+        inside = ((q >= 0) & (q < n))[:, None] & cmask
+        v = tl.load(src_ptr + (first + q)[:, None] * H + cols[None, :], mask=inside, other=0.0)
+        tl.store(dst_ptr + (b * max_len + p)[:, None] * H + cols[None, :], v, mask=(p < max_len)[:, None] & cmask)
     else:
         v = tl.load(src_ptr + padded, mask=real, other=0.0)
         tl.store(dst_ptr + packed, v, mask=real)
 
 
-def _lengths_host(lengths: torch.Tensor, max_len: int) -> list[int]:
+def _lengths_host(lengths: torch.Tensor, max_len: int, starts: torch.Tensor | None = None
+                  ) -> tuple[list[int], list[int]]:
     host = [int(n) for n in lengths.cpu().tolist()]
-    if any(n < 0 or n > max_len for n in host):
-        raise ValueError(f"pack: lengths must lie in [0, {max_len}], got {host}")
-    return host
+    first = [0] * len(host) if starts is None else [int(s) for s in starts.cpu().tolist()]
+    if len(first) != len(host) or any(n < 0 or s < 0 or s + n > max_len for n, s in zip(host, first)):
+        raise ValueError(f"pack: need 0 <= starts[b] and starts[b] + lengths[b] <= {max_len}; got lengths "
+                         f"{host}, starts {first}")
+    return host, first
 
 
-def _launch(src: torch.Tensor, dst: torch.Tensor, lengths: list[int], max_len: int, hidden: int,
-            unpack: bool) -> None:
+def _launch(src: torch.Tensor, dst: torch.Tensor, lengths: list[int], starts: list[int], max_len: int,
+            hidden: int, unpack: bool) -> None:
     n_samples = len(lengths)
     if n_samples == 0 or max_len == 0 or hidden == 0:
         return
     firsts = [0]
     for n in lengths[:-1]:
         firsts.append(firsts[-1] + n)
-    meta = torch.tensor(lengths + firsts, dtype=torch.int64).to(src.device)  # one small upload
+    meta = torch.tensor(lengths + firsts + starts, dtype=torch.int64).to(src.device)  # one small upload
     block = min(pow2(hidden), BLOCK_H)
     rows = max(1, 4096 // block)
     grid = (n_samples, triton.cdiv(max_len, rows), triton.cdiv(hidden, block))
@@ -61,60 +68,66 @@ def _launch(src: torch.Tensor, dst: torch.Tensor, lengths: list[int], max_len: i
                        num_warps=4)
 
 
-def pack_forward(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+def pack_forward(x: torch.Tensor, lengths: list[int], starts: list[int] | None = None) -> torch.Tensor:
     """Launcher (no autograd): x [B, L, H] -> [sum(lengths), H]."""
     _, max_len, hidden = x.shape
     x = x.contiguous()
     out = torch.empty((sum(lengths), hidden), dtype=x.dtype, device=x.device)
     if out.numel():
-        _launch(x, out, lengths, max_len, hidden, unpack=False)
+        _launch(x, out, lengths, starts or [0] * len(lengths), max_len, hidden, unpack=False)
     return out
 
 
-def unpack_forward(packed: torch.Tensor, lengths: list[int], max_len: int) -> torch.Tensor:
-    """Launcher (no autograd): packed [T, H] -> [B, max_len, H], pad rows zero."""
+def unpack_forward(packed: torch.Tensor, lengths: list[int], max_len: int,
+                   starts: list[int] | None = None) -> torch.Tensor:
+    """Launcher (no autograd): packed [T, H] -> [B, max_len, H], pad slots zero."""
     total, hidden = packed.shape
     if sum(lengths) != total:
         raise ValueError(f"unpack: sum(lengths)={sum(lengths)} but packed has {total} rows")
     out = torch.empty((len(lengths), max_len, hidden), dtype=packed.dtype, device=packed.device)
     if out.numel():
-        _launch(packed.contiguous(), out, lengths, max_len, hidden, unpack=True)
+        _launch(packed.contiguous(), out, lengths, starts or [0] * len(lengths), max_len, hidden, unpack=True)
     return out
 
 
 class _PackFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, lengths):  # type: ignore[override]
-        ctx.lengths, ctx.max_len = lengths, x.shape[1]
-        return pack_forward(x, lengths)
+    def forward(ctx, x, lengths, starts):  # type: ignore[override]
+        ctx.lengths, ctx.starts, ctx.max_len = lengths, starts, x.shape[1]
+        return pack_forward(x, lengths, starts)
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        return unpack_forward(dy, ctx.lengths, ctx.max_len), None
+        return unpack_forward(dy, ctx.lengths, ctx.max_len, ctx.starts), None, None
 
 
 class _UnpackFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, packed, lengths, max_len):  # type: ignore[override]
-        ctx.lengths = lengths
-        return unpack_forward(packed, lengths, max_len)
+    def forward(ctx, packed, lengths, max_len, starts):  # type: ignore[override]
+        ctx.lengths, ctx.starts = lengths, starts
+        return unpack_forward(packed, lengths, max_len, starts)
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        return pack_forward(dy, ctx.lengths), None, None
+        return pack_forward(dy, ctx.lengths, ctx.starts), None, None, None
 
 
-def pack(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Rows [0, lengths[b]) of every sample of x [B, L, H], packed in order: [sum(lengths), H]."""
+def pack(x: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows [starts[b], starts[b] + lengths[b]) of every batch row of x [B, L, H], packed in order.
+
+    ``starts`` (default zeros: right padding) is where each sample begins in its row (L - length: left padding).
+    """
     if x.dim() != 3 or lengths.shape != (x.shape[0],):
         raise ValueError(f"pack: expected x [B, L, H] and lengths [B], got {tuple(x.shape)}, "
                          f"{tuple(lengths.shape)}")
-    return _PackFn.apply(x, _lengths_host(lengths, x.shape[1]))
+    return _PackFn.apply(x, *_lengths_host(lengths, x.shape[1], starts))
 
 
-def unpack(packed: torch.Tensor, lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+def unpack(packed: torch.Tensor, lengths: torch.Tensor, max_len: int,
+           starts: torch.Tensor | None = None) -> torch.Tensor:
     """Packed rows [T, H] back to a zero-padded batch [B, max_len, H] (inverse layout of ``pack``)."""
     if packed.dim() != 2 or lengths.dim() != 1:
         raise ValueError(f"unpack: expected packed [T, H] and lengths [B], got {tuple(packed.shape)}, "
                          f"{tuple(lengths.shape)}")
-    return _UnpackFn.apply(packed, _lengths_host(lengths, int(max_len)), int(max_len))
+    lens, first = _lengths_host(lengths, int(max_len), starts)
+    return _UnpackFn.apply(packed, lens, int(max_len), first)
