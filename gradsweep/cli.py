@@ -34,8 +34,9 @@ verify: 0 valid and fresh; 1 bad signature, untrusted key or malformed evidence;
 4 valid but stale: an input of the verdicts (source tree, manifest, contract, tracked reds, built
 extension) differs from this checkout (0 with --allow-stale).
 report and diff: 1 when the evidence does not verify (unless --allow-unverified); diff: 1 on a regression
-or lost coverage. Any command: 1 on an unexpected internal error (one line; GRADSWEEP_DEBUG=1 shows the
-traceback).
+or lost coverage. bench: 0 it ran (targets met or missed); 1 a check failed or a case raised; 2 bad usage or
+input; 3 no CUDA GPU without --quick. Any command: 1 on an unexpected internal error (one line;
+GRADSWEEP_DEBUG=1 shows the traceback).
 """
 
 
@@ -232,11 +233,14 @@ class Format(str, Enum):
 
 
 def _check_report_out(output: Path, evidence: Path) -> None:
+    from gradsweep.bench.evidence import is_bench_evidence
     from gradsweep.sweep.outputs import check_not_evidence, check_not_input, check_writable
 
     check_writable(output, make_dirs=False)
     check_not_input({"output": output}, {"evidence": evidence})
     check_not_evidence(output)
+    if is_bench_evidence(output):
+        raise BadInput(f"--out {output}: is bench evidence; a report never replaces evidence, choose another path")
 
 
 @app.command()
@@ -255,6 +259,7 @@ def report(
     The signature is checked against the trust file (or --trusted-key) first; unverifiable evidence is
     refused unless --allow-unverified, which marks every rendering UNVERIFIED.
     """
+    from gradsweep.bench.evidence import is_bench_evidence
     from gradsweep.evidence.verify import EvidenceError
     from gradsweep.report.readers import open_evidence
 
@@ -264,6 +269,9 @@ def report(
             _check_report_out(out, evidence)
         except BadInput as exc:
             fail(exc)
+    if is_bench_evidence(evidence):
+        _report_bench(evidence, fmt, out, trusted_key, trust_file, allow_unverified)
+        return
     try:
         opened = open_evidence(evidence, trusted_key, trust_file, allow_unverified)
     except EvidenceError as exc:
@@ -295,6 +303,42 @@ def report(
         return
     try:
         out.write_text(text)
+    except OSError as exc:
+        fail(f"--out {out}: cannot write ({exc.strerror})")
+
+
+def _report_bench(evidence: Path, fmt: Format, out: Path | None, trusted_key: list[Path] | None,
+                  trust_file: Path | None, allow_unverified: bool) -> None:
+    """``report`` of bench evidence: the same verification first, then the bench renderers."""
+    from io import StringIO
+
+    from gradsweep.evidence.verify import EvidenceError
+    from gradsweep.report.bench import open_bench, render_bench, render_bench_junit, render_bench_markdown
+
+    try:
+        opened = open_bench(evidence, trusted_key, trust_file, allow_unverified)
+    except EvidenceError as exc:
+        fail(exc, EXIT_FAIL)
+    for banner in opened.banners:
+        say(f"WARNING: {banner}")
+    if fmt is Format.table:
+        buffer = StringIO() if out is not None else None
+        render_bench(opened.predicate, make_console(buffer) if buffer is not None else make_console(),
+                     banners=opened.banners, note=opened.note())
+        text = buffer.getvalue() if buffer is not None else None
+    elif fmt is Format.md:
+        text = render_bench_markdown(opened.predicate, banners=opened.banners, note=opened.note())
+    else:
+        text = render_bench_junit(opened.predicate, banners=opened.banners)
+    if text is None:
+        return
+    if out is None:
+        sys.stdout.write(text)
+        return
+    from gradsweep.evidence.envelope import write_atomic
+
+    try:
+        write_atomic(out, text.encode())
     except OSError as exc:
         fail(f"--out {out}: cannot write ({exc.strerror})")
 
@@ -350,18 +394,24 @@ def verify(
     console = make_console()
     console.print(f"signature OK: {evidence} signed by "
                   + "; ".join(s.describe() for s in result.signers), markup=False)
-    console.print(f"manifest {pred.manifest.name} v{pred.manifest.version} ({pred.manifest.path}), "
-                  f"contract {pred.contract.version}; {pred.verdict.summary}", markup=False)
-    if prov is not None:
-        console.print(f"ran {pred.runs[0].started_at} on {prov.host}: {prov.gpu_name or 'no GPU'}"
-                      f"{' ' + prov.sm if prov.sm else ''}, torch {prov.torch}, git {prov.git_commit or 'n/a'}"
-                      f"{' (dirty)' if prov.git_dirty else ''}", markup=False)
-    console.print("test result: " + (f"{result.result_statement} (in-toto test-result v0.1 beside it, same "
-                                      "signer and subjects)" if result.result_statement else
-                                      "none beside the evidence"), markup=False)
+    if result.kind == "bench":
+        from gradsweep.report.bench import verify_summary
+
+        for line in verify_summary(pred):
+            console.print(line, markup=False)
+    else:
+        console.print(f"manifest {pred.manifest.name} v{pred.manifest.version} ({pred.manifest.path}), "
+                      f"contract {pred.contract.version}; {pred.verdict.summary}", markup=False)
+        if prov is not None:
+            console.print(f"ran {pred.runs[0].started_at} on {prov.host}: {prov.gpu_name or 'no GPU'}"
+                          f"{' ' + prov.sm if prov.sm else ''}, torch {prov.torch}, git {prov.git_commit or 'n/a'}"
+                          f"{' (dirty)' if prov.git_dirty else ''}", markup=False)
+        console.print("test result: " + (f"{result.result_statement} (in-toto test-result v0.1 beside it, same "
+                                          "signer and subjects)" if result.result_statement else
+                                          "none beside the evidence"), markup=False)
     for check in result.checks:
         console.print(f"  {check.line()}", markup=False)
-    for warning in custom_code_warnings(pred):
+    for warning in custom_code_warnings(pred) if result.kind == "closeout" else []:
         say(f"WARNING: {warning}")
     stale = stale_checks(result.checks, allow_other_build)
     if stale:
@@ -370,6 +420,53 @@ def verify(
         say("STALE: " + "; ".join(c.line() for c in stale) + hint)
         raise typer.Exit(0 if allow_stale else EXIT_STALE)
     console.print("fresh: every input of the verdicts matches this checkout", markup=False)
+
+
+@app.command()
+def bench(
+    manifest: Annotated[OptPath, typer.Argument(
+        metavar="MANIFEST", help="manifest YAML (default: manifests/default.yaml)")] = None,
+    op: Annotated[Names, typer.Option("--op", metavar="NAME", help="only this op (repeatable)")] = None,
+    family: Annotated[Names, typer.Option("--family", metavar="NAME", help="only this family: triton, cuda or "
+                                          "host (repeatable)")] = None,
+    out: Annotated[OptPath, typer.Option(
+        "--out", "-o", metavar="FILE", help="bench evidence (default: out/<manifest name>.bench.evidence.json)")]
+    = None,
+    key: KeyOpt = None,
+    chart: Annotated[OptPath, typer.Option("--chart", metavar="PNG", help="PNG chart (default: beside the "
+                                           "evidence, <name>.bench.png)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="tiny shapes and short timing (no figures claimed); the "
+                                        "only mode on a box without a CUDA GPU: a CPU smoke under the Triton "
+                                        "interpreter")] = False,
+    targets: Annotated[OptPath, typer.Option("--targets", metavar="YAML", help="targets file (default: "
+                                             "manifests/bench_targets.yaml)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an --out that is not bench evidence of this "
+                                                        "manifest")] = False,
+) -> None:
+    """Time every op of the manifest end to end and kernels only, next to the stock path, the installed anchors
+    and the run's own ceilings; print the ratios, write signed bench evidence and a PNG chart.
+
+    Every timed kernel's result is checked (bitwise on the timed data, accuracy and invariance through the
+    contract's judge); targets come from manifests/bench_targets.yaml. Exit 0 when it ran, targets met or not.
+    """
+    from gradsweep.bench.api import EXIT_NO_DEVICE, BenchOptions, NoDevice, run_bench
+    from gradsweep.report.bench import render_bench
+
+    opts = BenchOptions(manifest=manifest, ops=op, families=family, out=out, key=key, chart=chart, quick=quick,
+                        targets=targets, force=force, argv=list(sys.argv))
+    try:
+        outcome = run_bench(opts, say)
+    except BadInput as exc:
+        fail(exc)
+    except NoDevice as exc:
+        fail(exc, EXIT_NO_DEVICE)
+    except KeyboardInterrupt:
+        say("interrupted: no bench evidence written")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    render_bench(outcome.predicate, make_console())
+    say(f"evidence: {outcome.out}" + (f", chart: {outcome.chart}" if outcome.chart else "")
+        + f"\nverify: {_verify_hint(outcome.out, key)}")
+    raise typer.Exit(outcome.exit_code)
 
 
 @app.command()

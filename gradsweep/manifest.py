@@ -76,6 +76,8 @@ class ProfileSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="set in the worker before any import; only "
                                 "allowlisted names (TRITON_*, CUDA_*, GRADSWEEP_*, ...: gradsweep.sweep.env_policy)")
     release_evidence: bool = Field(True, description="false for CI-only views such as triton_interpret")
+    deterministic_logp: bool = Field(False, description="advertises same-backend, same-build deterministic logp: "
+                                     "gradsweep drift re-runs this profile's roles and checks the bits")
     candidates: dict[str, CandidateDecl] = Field(default_factory=dict)
 
     @field_validator("env")

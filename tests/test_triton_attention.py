@@ -1,17 +1,11 @@
-"""Triton causal attention (KV cache across calls, folded dK / dV) under the interpreter.
+"""Triton causal attention with grouped-query heads under the interpreter.
 
-Accuracy bound (the only tolerance here): normwise relative error ||ours - ref|| / ||ref|| < REL_BOUND
-against a float64 reference fed the same bf16 inputs. With u = 2^-8 (bf16 unit roundoff): o and dq are
-rounded once to bf16 (u); p and dS enter the tensor-core products rounded to bf16 (u relative each,
-partly cancelling through the row sum taken from the same rounded p); FP32 accumulation adds ~1e-7.
-So the error is a few u at most; REL_BOUND = 4u = 2^-6 leaves room for that and no room for a wrong
-formula (errors O(1)).
-
-Invariance is bitwise (raw bits, NaN-aware) against one packed call (B=N): N x B=1, irregular chunked
-prefill (keys of earlier chunks from the cache), pads (right / left, random garbage), permuted
-samples, filler samples (sample -1) and decode; the backward of all calls runs at once (like the
-harness) or call by call in reverse order. Planted defects (dK / dV summed per call; a key block size
-that follows the call) must change bits.
+Layout invariance (bitwise) and accuracy (the contract's bounds: dK / dV are FP32-class) go through the public
+kernel check, the sweep's own machinery: every layout, hostile pads and fillers, reverse and interleaved
+backwards. Also checked here, where the kernel check cannot look: pinned code-shape switches keep the bits
+invariant; the FP32-grads switch meets the contract's FP32-class rule (bf16 operands miss it); planted defects
+(a key block or a fold tile that follows the layout) are caught;
+the signed zero of a masked key never reaches o; refusals; rewinding a decode cache.
 """
 
 from __future__ import annotations
@@ -21,232 +15,255 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # before any triton kernel module is imported
 
 import dataclasses
-from collections.abc import Callable
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from gradsweep.canonical import RowIdentity
+from gradsweep.contract import Contract, load_contract
+from gradsweep.harness.kernel_check import candidate_from, check_kernel
+from gradsweep.manifest import DEFAULT_MANIFEST, load_manifest
+from gradsweep.ops.attention import AttentionShape
+from gradsweep.ops.base import CallContext, CallOutput
+from gradsweep.ops.registry import get_op
 from gradsweep.triton_kernels import attention as attn
 from gradsweep.triton_kernels._common import INTERPRET, same_bits
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp2 of masked / no-op lanes
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp2 of masked lanes
 
-REL_BOUND = 2.0 ** -6
-LENGTHS = [37, 5, 64, 1, 23]
-HEADS, HEAD_DIM = 3, 32
-N = len(LENGTHS)
-OFFSETS = [sum(LENGTHS[:i]) for i in range(N + 1)]
-TOTAL = OFFSETS[-1]
-NAMES = ("o", "dq", "dk", "dv")
-
-# A layout: list of calls; a call: list of pieces, (sample, start, stop) or ("pad", n).
-_CUTS = {s: sorted({0, n, (n * 2) // 7, (n * 3) // 5, (n * 5) // 6}) for s, n in enumerate(LENGTHS)}
-_TAIL = 5  # decode: prefill all but the last _TAIL tokens of each sample, then one token per call
-LAYOUTS: dict[str, list[list[tuple]]] = {
-    "b1_singleton": [[(s, 0, LENGTHS[s])] for s in range(N)],
-    "bn_chunked": [
-        [(s, c[k], c[k + 1]) for s, c in _CUTS.items() if k + 1 < len(c)]
-        for k in range(max(len(c) for c in _CUTS.values()) - 1)
-    ],
-    "bn_chunked_stream": [[(0, 0, 20)], [(0, 20, 37), (1, 0, 5), (2, 0, 40)], [(2, 40, 64), (3, 0, 1), (4, 0, 7)],
-                          [(4, 7, 23)]],
-    "bn_padded_right": [[p for s in range(N) for p in ((s, 0, LENGTHS[s]), ("pad", max(LENGTHS) - LENGTHS[s]))]],
-    "bn_padded_left": [[p for s in range(N) for p in (("pad", max(LENGTHS) - LENGTHS[s] + 1), (s, 0, LENGTHS[s]))]],
-    "bn_permuted": [[(s, 0, LENGTHS[s]) for s in (3, 0, 4, 2, 1)]],
-    "bn_fillers": [[p for s in range(N) for p in ((s, 0, LENGTHS[s]), ("pad", (9, 16, 3)[s % 3]))]],
-    "decode": [[(s, 0, LENGTHS[s] - _TAIL) for s in range(N) if LENGTHS[s] > _TAIL]]
-    + [[(s, p, p + 1) for s in range(N) if 0 <= (p := LENGTHS[s] - _TAIL + i)] for i in range(_TAIL)],
-}
-FULL = [[(s, 0, LENGTHS[s]) for s in range(N)]]
+# Sample 0 spans 3 key blocks and 3 query tiles of the interpreter config; a one-token sample.
+LENGTHS = [70, 5, 33, 1]
+GQA = {"heads": 2, "kv_heads": 1, "head_dim": 32}
 
 
-def _data(seed: int = 0, total: int = TOTAL, heads: int = HEADS, dim: int = HEAD_DIM) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {n: torch.randn(total, heads, dim, generator=g).to(torch.bfloat16) for n in ("q", "k", "v", "do")}
+def _candidate(name: str, config: attn.AttnConfig | None = None, per_call=None):
+    """The shipped adapter with another config, optionally tampered with (planted defects)."""
 
+    def run(ctx: CallContext) -> CallOutput:
+        q, k = ctx.inputs["q"], ctx.inputs["k"]
+        cache = ctx.state.get("cache")
+        if cache is None:
+            cache = ctx.state["cache"] = attn.AttentionCache(ctx.lengths, q.shape[1], q.shape[2], q.device,
+                                                             kv_heads=k.shape[1], config=config)
+            ctx.state["calls"] = 0
+        ctx.state["calls"] += 1
+        if per_call is not None:
+            per_call(cache, ctx)
+        return CallOutput({"o": attn.attention(q, k, ctx.inputs["v"], ctx.rows, cache)})
 
-DATA = _data()
+    def grads(state: dict) -> dict[str, torch.Tensor]:
+        dk, dv = state["cache"].finish()
+        return {"dK": dk, "dV": dv}
 
-
-def _rows(pieces: list[tuple]) -> RowIdentity:
-    sample, position = [], []
-    for piece in pieces:
-        if piece[0] == "pad":
-            sample += [-1] * piece[1]
-            position += list(range(piece[1]))
-        else:
-            s, a, b = piece
-            sample += [s] * (b - a)
-            position += list(range(a, b))
-    return RowIdentity(torch.tensor(sample, dtype=torch.int64), torch.tensor(position, dtype=torch.int64))
-
-
-def run_layout(calls: list[list[tuple]], config: attn.AttnConfig | None = None, backward: str = "all",
-               before_call: Callable[[attn.AttentionCache, RowIdentity], None] | None = None,
-               data: dict[str, torch.Tensor] = DATA, lengths: list[int] = LENGTHS) -> dict[str, torch.Tensor]:
-    """Run the calls, backward, and restore o / dq (per call) and dk / dv (folded) to logical order.
-
-    backward: "all" (one autograd call over every output, like the harness), "forward" or "reverse"
-    (one call's backward after another, in call order or reversed).
-    """
-    total, heads, dim = data["q"].shape
-    offsets = torch.tensor([sum(lengths[:i]) for i in range(len(lengths))], dtype=torch.int64)
-    cache = attn.AttentionCache(lengths, heads, dim, "cpu", config=config)
-    g = torch.Generator().manual_seed(123)
-    outs, grads, kept = [], [], []
-    for pieces in calls:
-        rows = _rows(pieces)
-        pad = rows.sample < 0
-        idx = torch.where(pad, 0, offsets[rows.sample.clamp(min=0)] + rows.position)
-        garbage = 50 * torch.randn(rows.num_rows, heads, dim, generator=g)
-
-        def pick(name: str) -> torch.Tensor:
-            return torch.where(pad[:, None, None], garbage, data[name][idx].float()).to(torch.bfloat16)  # noqa: B023
-
-        q, k, v = (pick(n).requires_grad_(True) for n in ("q", "k", "v"))
-        if before_call is not None:
-            before_call(cache, rows)
-        o = attn.attention(q, k, v, rows, cache)
-        assert torch.isfinite(o.float()).all()
-        outs.append(o)
-        grads.append(pick("do"))
-        kept.append((rows, idx, q, k, v))
-    if backward == "all":
-        torch.autograd.backward(outs, grads)
-    else:
-        pairs = list(zip(outs, grads))
-        for o, do in reversed(pairs) if backward == "reverse" else pairs:
-            torch.autograd.backward([o], [do])
-    res = {"o": torch.zeros(total, heads, dim, dtype=torch.bfloat16), "dq": torch.zeros(total, heads, dim,
-                                                                                       dtype=torch.bfloat16)}
-    for o, (rows, idx, q, k, v) in zip(outs, kept):
-        assert k.grad is None and v.grad is None  # folded, never returned through autograd
-        real = rows.sample >= 0
-        res["o"][idx[real]] = o.detach()[real]
-        res["dq"][idx[real]] = q.grad[real]
-    res["dk"], res["dv"] = cache.finish()
-    return res
-
-
-def reference(data: dict[str, torch.Tensor] = DATA, lengths: list[int] = LENGTHS) -> dict[str, torch.Tensor]:
-    """float64 causal attention per sample and its VJP."""
-    q, k, v = (data[n].double().requires_grad_(True) for n in ("q", "k", "v"))
-    dim = q.shape[-1]
-    outs, start = [], 0
-    for n in lengths:
-        qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
-        s = (qs @ ks.transpose(-1, -2)) / dim ** 0.5
-        s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
-        outs.append((torch.softmax(s, -1) @ vs).transpose(0, 1))
-        start += n
-    o = torch.cat(outs)
-    o.backward(data["do"].double())
-    return {"o": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b).norm() / b.norm())
-
-
-@pytest.fixture(scope="module")
-def full() -> dict[str, torch.Tensor]:
-    return run_layout(FULL)
+    return candidate_from("attention", name, "triton", run, folded_input_grads=grads)
 
 
 def test_interpreter_is_on():
     assert INTERPRET and attn.DEFAULT_CONFIG == attn.INTERPRET_CONFIG
 
 
-def test_accuracy_vs_float64(full):
-    ref = reference()
-    for name in NAMES:
-        assert _rel(full[name], ref[name]) < REL_BOUND, name
+def test_every_layout_is_bitwise_invariant_and_accurate_with_gqa():
+    report = check_kernel("attention", "triton.attention", shape=GQA, lengths=LENGTHS)
+    assert report.ok, report.first_failure
+    assert set(report.cells) == set(get_op("attention").layouts)
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_bitwise_invariance(full, layout):
-    got = run_layout(LAYOUTS[layout])
-    for name in NAMES:
-        assert same_bits(got[name], full[name]), f"{layout}: {name} differs from one packed call"
+def test_wider_groups_odd_head_dim_and_plain_multi_head():
+    """4 query heads per K/V head with head_dim 24 (padded to 32 in the kernel); and kv_heads = heads."""
+    for shape in ({"heads": 4, "kv_heads": 1, "head_dim": 24}, {"heads": 2, "head_dim": 16}):
+        report = check_kernel("attention", "triton.attention", shape=shape, lengths=[40, 3, 17],
+                              layouts=["bn_chunked", "decode"])
+        assert report.ok, report.first_failure
 
 
-@pytest.mark.parametrize("order", ["forward", "reverse"])
-def test_backward_call_by_call(full, order):
-    got = run_layout(LAYOUTS["bn_chunked"], backward=order)
-    for name in NAMES:
-        assert same_bits(got[name], full[name]), name
+@pytest.mark.parametrize("switch", [{"split": False}, {"rowsum_dot": True, "fp32_grads": False}])
+def test_code_shape_switches_stay_invariant_and_accurate(switch):
+    """Each switch is a pinned code shape the GPU bench compares; each must be invariant on its own (a row sum
+    through the tensor core rounds P to bf16, so that shape is only ever bf16-class: fp32_grads off)."""
+    cand = _candidate("triton.attention.switch", dataclasses.replace(attn.INTERPRET_CONFIG, **switch))
+    report = check_kernel("attention", cand, shape=GQA, lengths=LENGTHS, layouts=["bn_chunked", "decode"],
+                          contract=_fp32_class_contract(switch.get("fp32_grads", True)))
+    assert report.ok, report.first_failure
 
 
-# Key blocks wider than the fold tile (as on the GPU), samples of several tiles and programs.
-CFG2 = dataclasses.replace(attn.INTERPRET_CONFIG, bm=32, bn=32, dq_bm=16, dq_bn=32, kv_bn=32, tile=16)
-# Canonical tiles complete in call order: sample 2's first tile folds with the first call's backward,
-# its other three with the second's.
-STREAM = [[(0, 0, 37), (1, 0, 5), (2, 0, 20)], [(2, 20, 64), (3, 0, 1), (4, 0, 23)]]
+def _fp32_class_contract(fp32_attention: bool) -> Contract:
+    """The shipped contract (attention's dK / dV FP32-class), or the same with them moved to the bf16 class."""
+    base = load_contract(load_manifest(DEFAULT_MANIFEST).contract_path)
+    data = base.model_dump(mode="json")
+    if not fp32_attention:
+        data["accumulation"]["fp32"] = [e for e in data["accumulation"]["fp32"] if e["op"] != "attention"]
+    return Contract.model_validate(data)
 
 
-@pytest.fixture(scope="module")
-def full2() -> dict[str, torch.Tensor]:
-    return run_layout(FULL, config=CFG2)
+@pytest.mark.parametrize("fp32_grads", [True, False])
+def test_fp32_grads_meets_the_fp32_class_and_bf16_operands_do_not(fp32_grads):
+    """P and dS as hi + lo pairs and an FP32 delta (the default): dK / dV within the contract's FP32-class rule.
+    With bf16 operands (as FlashAttention) that rule is missed."""
+    cand = _candidate("triton.attention.grads", dataclasses.replace(attn.INTERPRET_CONFIG, fp32_grads=fp32_grads))
+    cell = check_kernel("attention", cand, shape=GQA, lengths=LENGTHS, layouts=["bn_chunked"],
+                        contract=_fp32_class_contract(True)).cells["bn_chunked"]
+    assert all(m.bitwise_equal for m in cell.tensors)
+    judged = {m.name: m for m in cell.tensors if m.accuracy_ok is not None}
+    assert judged["dK"].accuracy_class == judged["dV"].accuracy_class == "fp32"
+    bad = {name for name, m in judged.items() if not m.accuracy_ok}
+    assert bad == (set() if fp32_grads else {"dK", "dV"}), cell.reason
 
 
-def test_other_block_shapes_accurate_and_invariant(full2):
-    ref = reference()
-    got = run_layout(STREAM, config=CFG2, backward="forward")
-    for name in NAMES:
-        assert _rel(full2[name], ref[name]) < REL_BOUND, name
-        assert same_bits(got[name], full2[name]), name
-
-
-def test_odd_head_dim_single_head_and_empty_calls():
-    lengths = [5, 17]
-    data = _data(seed=3, total=sum(lengths), heads=1, dim=24)
-    ref = reference(data, lengths)
-    calls = [[("pad", 3)], [], [(1, 0, 9), (0, 0, 2)], [(0, 2, 5), (1, 9, 17)]]
-    got = run_layout(calls, data=data, lengths=lengths)
-    for name in NAMES:
-        assert _rel(got[name], ref[name]) < REL_BOUND, name
-
-
-def test_planted_dkdv_summed_per_call_is_caught(monkeypatch, full2):
-    """dK / dV folded into a per-call zero buffer then added: accurate, yet layout-dependent (a key
-    block that got a tile in the first call's backward gets three more in the second's)."""
-    real = attn._launch_dkdv
-
-    def per_call(cache: attn.AttentionCache, step) -> None:
-        kept = cache.dk.clone(), cache.dv.clone()
-        cache.dk.zero_()
-        cache.dv.zero_()
-        real(cache, step)
-        cache.dk += kept[0]
-        cache.dv += kept[1]
-
-    monkeypatch.setattr(attn, "_launch_dkdv", per_call)
-    got = run_layout(STREAM, config=CFG2, backward="forward")
-    ref = reference()
-    assert _rel(got["dk"], ref["dk"]) < REL_BOUND and _rel(got["dv"], ref["dv"]) < REL_BOUND
-    assert not (same_bits(got["dk"], full2["dk"]) and same_bits(got["dv"], full2["dv"]))
-
-
-def test_planted_key_block_following_the_call_is_caught(full):
+def test_planted_key_block_following_the_call_is_caught():
     """Forward key blocks sized by the call's row count: the online-softmax order follows the layout."""
 
-    def resize(cache: attn.AttentionCache, rows: RowIdentity) -> None:
-        bn = 16 if rows.num_rows < 40 else 32
-        cache.config = dataclasses.replace(cache.config, bn=bn)
+    def resize(cache: attn.AttentionCache, ctx: CallContext) -> None:
+        cache.config = dataclasses.replace(cache.config, bn=16 if ctx.rows.num_rows < 40 else 32)
 
-    got = run_layout(LAYOUTS["bn_chunked"], before_call=resize)
-    assert _rel(got["o"], reference()["o"]) < REL_BOUND
-    assert not same_bits(got["o"], full["o"])
+    report = check_kernel("attention", _candidate("planted.block", per_call=resize), shape=GQA, lengths=LENGTHS,
+                          layouts=["bn_chunked"])
+    cell = report.cells["bn_chunked"]
+    assert not report.ok and "o forward_invariance" in cell.reason
 
 
-def test_refuses_queries_before_their_keys_and_unfinished_folds():
-    cache = attn.AttentionCache(LENGTHS, HEADS, HEAD_DIM, "cpu")
-    q = DATA["q"][OFFSETS[0] + 10:OFFSETS[0] + 12]
+def test_planted_fold_tile_following_the_calls_is_caught():
+    """dK / dV folded in query tiles whose size follows how many calls the layout made."""
+
+    def per_call(cache: attn.AttentionCache, ctx: CallContext) -> None:  # the fold reads it in the last backward
+        cache.config = dataclasses.replace(cache.config, tile=16 if ctx.state["calls"] > 1 else 32)
+
+    report = check_kernel("attention", _candidate("planted.tile", per_call=per_call), shape=GQA, lengths=LENGTHS,
+                          layouts=["b1_singleton"])
+    assert not report.ok and "dK gradient_invariance" in report.cells["b1_singleton"].reason
+
+
+# ----------------------------------------------------------------------------------------- signed zeros
+@triton.jit
+def _ieee_mma(a, b, acc):
+    """A product-sum with IEEE zero signs (like a sequential FMA chain): -0 when every term is -0."""
+    prod = a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :]
+    s = tl.sum(prod, axis=1)
+    neg_zero = ((prod == 0.0) & (prod.to(tl.int32, bitcast=True) < 0)).to(tl.int32)
+    s = tl.where(tl.min(neg_zero, axis=1) == 1, s * -1.0, s)  # -(+0); a literal -0.0 becomes +0 in the interpreter
+    if acc is None:
+        return s
+    else:
+        return acc + s
+
+
+@triton.jit
+def _identity(x):
+    return x
+
+
+BN = attn.INTERPRET_CONFIG.bn
+ROW = BN + 4  # the row whose masked keys matter: in the second key block
+
+
+def _signed_zero_inputs() -> dict[str, torch.Tensor]:
+    """One sample of two key blocks. Row ROW sees block 0 with scores 0 and tiny negative v[:, 0], so acc[:, 0] < 0;
+    key BN scores ~255 (log2 units), so the rescale underflows acc to -0; keys BN..ROW hold v[:, 0] = -0 and the
+    keys after ROW (masked for it) v[:, 0] = -1: a masked key adds 0 * -1 = -0 when its slot was written (one
+    call) and 0 * (+0) when it was not (ROW ends the first of two calls)."""
+    n, d = 2 * BN, 32
+    g = torch.Generator().manual_seed(5)
+    q = torch.zeros(n, 1, d)
+    q[:, 0, 0] = 1.0
+    k = torch.randn(n, 1, d, generator=g) * 0.1
+    k[:, 0, 0] = 0.0
+    k[BN, 0, 0] = 1000.0
+    v = torch.randn(n, 1, d, generator=g)
+    v[:BN, 0, 0] = -1e-30
+    v[BN:ROW + 1, 0, 0] = -0.0
+    v[ROW + 1:, 0, 0] = -1.0
+    return {"q": q.bfloat16(), "k": k.bfloat16(), "v": v.bfloat16()}
+
+
+def _o_of(calls: list[tuple[int, int]], data: dict[str, torch.Tensor]) -> torch.Tensor:
+    n = data["q"].shape[0]
+    cache = attn.AttentionCache([n], 1, 32, "cpu")
+    out = []
+    for a, b in calls:
+        rows = RowIdentity.packed([b - a], [0], [a])
+        out.append(attn.attention(data["q"][a:b], data["k"][a:b], data["v"][a:b], rows, cache))
+    return torch.cat(out)
+
+
+def test_signed_zero_of_a_masked_key_never_reaches_o(monkeypatch):
+    monkeypatch.setattr(attn, "mma", _ieee_mma)  # zero signs as an IEEE accumulation keeps them
+    data = _signed_zero_inputs()
+    calls_one, calls_two = [(0, 2 * BN)], [(0, ROW + 1), (ROW + 1, 2 * BN)]
+    one, two = _o_of(calls_one, data), _o_of(calls_two, data)
+    assert same_bits(one, two)
+    assert not torch.signbit(one[one == 0]).any()
+    monkeypatch.setattr(attn, "_plus_zero", _identity)  # without the store's -0 -> +0 the gap is real
+    one, two = _o_of(calls_one, data), _o_of(calls_two, data)
+    assert not same_bits(one, two)
+    assert bool(torch.signbit(one[ROW, 0, 0])) and not bool(torch.signbit(two[ROW, 0, 0]))
+
+
+# ----------------------------------------------------------------------------------------- refusals, rewind
+def _qkv(n: int, heads: int = 2, kv_heads: int = 1, d: int = 32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, h, d, generator=g).bfloat16() for h in (heads, kv_heads, kv_heads)]
+
+
+def test_refusals_name_the_problem():
+    cache = attn.AttentionCache([8, 4], 2, 32, "cpu", kv_heads=1)
+    q, k, v = _qkv(2)
     with pytest.raises(ValueError, match="never written"):
-        attn.attention(q, q, q, RowIdentity.packed([2], [0], [10]), cache)
-    cache = attn.AttentionCache(LENGTHS, HEADS, HEAD_DIM, "cpu")
-    q = DATA["q"][:4].clone().requires_grad_(True)
-    attn.attention(q, q.detach(), q.detach(), RowIdentity.packed([4], [0], [0]), cache).sum().backward()
-    with pytest.raises(ValueError, match="never completed"):
+        attn.attention(q, k, v, RowIdentity.packed([2], [0], [3]), cache)
+    attn.attention(q, k, v, RowIdentity.packed([2], [0], [0]), cache)
+    with pytest.raises(ValueError, match="written twice"):
+        attn.attention(q, k, v, RowIdentity.packed([2], [0], [1]), cache)
+    with pytest.raises(ValueError, match="outside its sample"):
+        attn.attention(q, k, v, RowIdentity.packed([2], [1], [3]), cache)
+    with pytest.raises(ValueError, match="kv_heads"):
+        attn.attention(*_qkv(2, kv_heads=2), RowIdentity.packed([2], [0], [2]), cache)
+    with pytest.raises(ValueError, match="never reached the backward"):
         cache.finish()
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        attn.AttentionCache([4], 3, 32, "cpu", kv_heads=2)
+    with pytest.raises(ValueError, match="divisor of heads"):
+        AttentionShape(heads=6, kv_heads=4, head_dim=32)
+    assert AttentionShape(heads=6, head_dim=32).kv_heads == 6
+
+
+def test_rewound_decode_step_repeats_its_bits():
+    lengths = [9, 6]
+    q, k, v = _qkv(sum(lengths), seed=1)
+    cache = attn.AttentionCache(lengths, 2, 32, "cpu", kv_heads=1)
+    pre = RowIdentity.packed([8, 5], [0, 1])
+    idx = torch.tensor([*range(8), *range(9, 14)])
+    attn.attention(q[idx], k[idx], v[idx], pre, cache)
+    mark = cache.mark()
+    step = RowIdentity.packed([1, 1], [0, 1], [8, 5])
+    last = torch.tensor([8, 14])
+    first = attn.attention(q[last], k[last], v[last], step, cache)
+    cache.rewind(mark)
+    again = attn.attention(q[last], k[last], v[last], step, cache)
+    assert same_bits(first, again)
+    full = attn.AttentionCache(lengths, 2, 32, "cpu", kv_heads=1)
+    whole = attn.attention(q, k, v, RowIdentity.packed(lengths), full)
+    assert same_bits(whole[last], first)  # decode rows (packed programs) == prefill rows, bit for bit
+
+
+def test_a_first_chunk_from_position_zero_is_not_the_whole_step():
+    """One sample, two calls: the first call's rows are in logical order from token 0 but do not hold every token,
+    so they cannot stand in for the store (regression: the second call once read the first call's rows)."""
+    g = torch.Generator().manual_seed(3)
+    data = {n: torch.randn(2 * BN, 1, 32, generator=g).bfloat16() for n in "qkv"}
+    assert same_bits(_o_of([(0, 2 * BN)], data), _o_of([(0, ROW + 1), (ROW + 1, 2 * BN)], data))
+
+
+def test_pad_only_and_empty_calls_output_zeros_and_count_no_tokens():
+    lengths = [6, 3]
+    q, k, v = _qkv(sum(lengths), seed=2)
+    cache = attn.AttentionCache(lengths, 2, 32, "cpu", kv_heads=1)
+    pads = RowIdentity(torch.tensor([-1, -2, -1]), torch.tensor([0, 0, 1]))
+    hostile = [torch.full((3, t.shape[1], 32), float("nan")).bfloat16() for t in (q, k, v)]
+    o = attn.attention(*hostile, pads, cache)
+    assert same_bits(o, torch.zeros_like(o))
+    empty = RowIdentity(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+    assert attn.attention(q[:0], k[:0], v[:0], empty, cache).shape == (0, 2, 32)
+    qq = q.clone().requires_grad_(True)
+    attn.attention(qq, k, v, RowIdentity.packed(lengths), cache).sum().backward()
+    dk, dv = cache.finish()
+    assert torch.isfinite(dk).all() and torch.isfinite(dv).all() and torch.isfinite(qq.grad.float()).all()

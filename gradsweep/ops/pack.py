@@ -27,8 +27,11 @@ def _reference(inputs, params, shape, rows):
 
 
 def _packed_rows(ctx: CallContext) -> RowIdentity:
+    """Identity of the packed rows: the call's segments one after another (fillers keep their negative ids)."""
     segs = ctx.call.segments
-    return RowIdentity.packed([s.length for s in segs], [s.sample for s in segs], [s.start for s in segs])
+    sample = torch.cat([torch.full((s.length,), s.sample, dtype=torch.int64) for s in segs])
+    position = torch.cat([torch.arange(s.start, s.start + s.length, dtype=torch.int64) for s in segs])
+    return RowIdentity(sample, position)
 
 
 def _batch(ctx: CallContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

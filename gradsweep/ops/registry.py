@@ -9,7 +9,8 @@ from gradsweep.ops.base import OpSpec
 
 BUILTIN_OPS: tuple[str, ...] = (
     "rms_norm", "qk_norm", "det_gemm", "attention", "embedding", "lm_head", "logp",
-    "batch_invariant_logp", "linear_logp", "rope", "silu", "swiglu", "pack",
+    "batch_invariant_logp", "linear_logp", "rope", "silu", "swiglu", "pack", "chain",
+    "rl_ratio", "rl_kl", "rl_ppo", "rl_grpo", "rl_grpo_seq", "rl_dpo",
 )
 _REGISTRY: dict[str, OpSpec] = {}
 

@@ -41,8 +41,11 @@ def glyph(rec: CellRecord) -> str:
 def detail(rec: CellRecord) -> str:
     """One line on why a cell is not green."""
     res = rec.result
-    first = res.first_failure or ""
-    text = "; ".join(p for p in (first, res.reason if res.reason not in first else "") if p)
+    first, reason = res.first_failure or "", res.reason or ""
+    if first and first in reason:  # the reason already opens with the first failure: say it once
+        text = reason
+    else:
+        text = "; ".join(p for p in (first, reason if reason not in first else "") if p)
     if rec.tracked is not None:
         text += f" [tracked: {rec.tracked.reason}; fix: {rec.tracked.fix}]"
     return text

@@ -1,26 +1,44 @@
-"""Batch-invariant causal attention (per sample, KV cache across calls), forward, dQ, and folded dK / dV.
+"""Batch-invariant causal attention with grouped-query heads (per sample, KV cache across calls): forward, dQ,
+and dK / dV folded over canonical query tiles.
 
 Why each piece looks the way it does:
-- Key blocks of ``bn`` keys are aligned to absolute position 0 of a sample and folded in increasing
-  order with an online softmax, so full prefill, chunked prefill and decode fold the same blocks in
-  the same order. A block entirely after a row's position is skipped for that row by a select (an
-  exact no-op); the row sum of p goes through the tensor core (``tl.dot(p, ones)``), never ``tl.sum``
-  along the key axis, whose order would follow the launch layout.
-- Query rows of one call are grouped by sample on the host (sorted by position, ``bm`` rows of one
-  sample per program); a row's arithmetic depends on its own position only. Every launch
-  configuration is pinned in ``AttnConfig`` (a function of nothing that a layout can change).
-- K / V of every call go into a logical store in the cache (token = start of sample + position), so
-  later calls' queries see earlier calls' keys. Their gradients cannot be returned per call (later
-  queries add to them), so dK / dV are folded by the canonical protocol: ``cache.fold`` (a
-  ``CanonicalFold`` over *query* tokens) hands out canonical query tiles; one program per (key block,
-  head) loads its FP32 dK / dV rows, adds the tiles of its sample in canonical order and stores them.
-  Any layout, and any order of the calls' backward, gives the same bits.
+- **Key blocks** of ``bn`` keys are aligned to absolute position 0 of a sample and folded in increasing order
+  with an online softmax, so full prefill, chunked prefill and decode fold the same blocks in the same order.
+  A block wholly visible to every row of a program runs the unmasked loop; the others the masked loop, whose
+  arithmetic for a row that sees the whole block is the same, op for op (``where`` selects the score itself,
+  every product-sum is an explicit ``fma``), so which loop serves a row never changes its bits. A block after
+  a row's position keeps its state by a select (an exact no-op).
+- **Launch configuration pinned** (``AttnConfig``, a function of nothing a layout can change): the row sum of p
+  is a ``tl.sum`` whose order follows the block's register layout, the same for every row of every program of
+  the one compiled forward kernel. Prefill programs hold ``bm`` consecutive tokens of one query head; decode
+  programs hold the ``group`` query heads of a few tokens that share one K/V head (each K/V block read once
+  for the group). Both are rows of the same kernel; ``tl.dot`` rows do not depend on the other rows of a tile.
+- **Plans** (``_Plan``): a call's rows become runs (consecutive rows of one sample at consecutive positions)
+  and programs, in vectorised numpy over the row identity once, cached per ``RowIdentity`` object: the layers
+  of one step reuse them, and a call does no host work proportional to its tokens. A call is launches only
+  (capturable in a CUDA graph once its plan exists).
+- **Logical stores**: K / V of every call live at token = start of sample + position, so later calls' queries
+  see earlier calls' keys. One call that holds every token in logical order is its own store (no copy);
+  otherwise rows are scattered into store buffers. Q, dO, lse and delta are kept the same way for the fold.
+- **dK / dV** cannot be returned per call (later queries add to them). Once every token of the step has had its
+  backward, one launch folds them: a program per (key block, K/V head) loads the FP32 accumulator (the main
+  grad, or zero), adds the canonical query tiles of its sample (``tile`` queries aligned to the sample's start,
+  in order) for each query head of its group in head order, and stores it. Its inputs are logical stores, the
+  same in every layout, and nothing else varies: any split of the calls and any order of their backwards
+  (reverse, interleaved) give the same bits. No atomics.
+- **Hostile rows**: pads and fillers (sample < 0) are in no program and no store; every load that could reach a
+  row or key it must not use is masked, never multiplied by zero. A masked key adds 0 * v to a row, whose sign
+  depends on whether its slot was written yet; such signed zeros can only change the sign of an exact-zero
+  result, so o and dq are stored through ``where(x == 0, +0, x)``: their bits never depend on it.
+- **Portable bits**: under the interpreter ``tl.dot`` would go through numpy's matmul (the host BLAS, whose
+  order varies with the CPU and the row's position); every product goes through ``_common.mma``, a fixed-order
+  FP32 sum there and ``tl.dot`` on the GPU.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,50 +47,60 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsweep.canonical import CanonicalFold, FoldStep, RowIdentity
-from gradsweep.triton_kernels._common import INTERPRET, pow2, to_out
+from gradsweep.canonical import RowIdentity
+from gradsweep.triton_kernels._common import INTERPRET, mma, pow2, to_out
 
 LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
 class AttnConfig:
-    """Pinned launch configuration (bits depend on bn, dq_bn, kv_bn and tile; speed on the rest)."""
+    """Pinned launch configuration. Bits depend on bn, bm and fwd_warps (forward row sums), dq_bn, dq_bm and
+    dq_warps (delta), tile and fp32_grads (the fold); speed on the rest. ``split`` and ``rowsum_dot`` choose code
+    shapes that give each row the same arithmetic either way (switchable for the GPU check, bench_attention.py).
 
-    bm: int = 128        # query rows per forward program
+    ``fp32_grads`` (default): dK / dV are FP32-class (~2e-6, the contract's class for them, as for every main-grad
+    style accumulator): P and dS enter their products as hi + lo bf16 pairs and the fold's delta is FP32, for two
+    more products per query tile in the fold and one row sum per key block in dQ. Off, with bf16 P and dS operands
+    as FlashAttention, they are bf16-class (~2e-3)."""
+
+    bm: int = 128        # forward rows per program (tokens x query heads)
     bn: int = 64         # forward key block (aligned to position 0)
     fwd_warps: int = 8
     fwd_stages: int = 3
-    dq_bm: int = 64      # query rows per dQ program
+    dq_bm: int = 128     # dQ rows per program
     dq_bn: int = 64      # dQ key block
-    dq_warps: int = 4
+    dq_warps: int = 8
     dq_stages: int = 2
     kv_bn: int = 128     # keys per dK / dV program
     tile: int = 32       # canonical query tile of the dK / dV fold
     kv_warps: int = 8
     kv_stages: int = 2
+    split: bool = True        # unmasked loop over wholly visible blocks, masked loop over the rest
+    rowsum_dot: bool = False  # row sum of p through the tensor core (dot with ones) instead of tl.sum
+    fp32_grads: bool = True   # dK / dV to FP32 accuracy: P and dS enter their products as hi + lo bf16 pairs,
+    #                           and the fold's delta is rowsum(P * dP) in FP32 (not rowsum(o * dO), o in bf16)
 
 
 GPU_CONFIG = AttnConfig()
-# Small blocks under the interpreter: short test samples still span several key blocks and tiles.
-INTERPRET_CONFIG = AttnConfig(bm=32, bn=16, fwd_warps=4, fwd_stages=1, dq_bm=32, dq_bn=16, dq_warps=4,
-                              dq_stages=1, kv_bn=16, tile=32, kv_warps=4, kv_stages=1)
+# Smaller blocks under the interpreter: test samples still span several key blocks, programs and tiles (its cost
+# is per operation, so larger blocks than these make CI slower only through longer samples).
+INTERPRET_CONFIG = AttnConfig(bm=64, bn=32, fwd_warps=4, fwd_stages=1, dq_bm=64, dq_bn=32, dq_warps=4,
+                              dq_stages=1, kv_bn=32, tile=32, kv_warps=4, kv_stages=1)
 DEFAULT_CONFIG = INTERPRET_CONFIG if INTERPRET else GPU_CONFIG
+TILE = DEFAULT_CONFIG.tile
 
 
-# ----------------------------------------------------------------------------------------------- jit kernels
-# Loop bodies are written inline (no nested jit calls): the interpreter re-patches the language on every
-# nested call, which made the CI run ten times slower. Under the interpreter (UPCAST) every tl.dot runs on
-# FP32 operands (its bf16 dot is broken) and loops run to a constexpr bound (it cannot range() over a
-# runtime one), the extra iterations being exact no-ops. Values assigned inside an ``if`` become tensors in
-# the interpreter, hence the loop bounds as conditional expressions.
+# ----------------------------------------------------------------------------------------------- jit helpers
+# Loops: tl.range with pipelining on the GPU; under the interpreter (PORTABLE) a while loop, because it cannot
+# range() over a runtime bound. Both drive the same step function.
 
 
 @triton.jit
-def _bf16_round(x, UPCAST: tl.constexpr):
-    """FP32 -> bf16 with round-to-nearest-even; under the interpreter kept in FP32 storage (int64 lanes: the
-    interpreter checks every int32 add for overflow, which costs more than the rest of a block)."""
-    if UPCAST:
+def _bf16(x, PORTABLE: tl.constexpr):
+    """FP32 -> bf16 operand with round-to-nearest-even; under the interpreter kept in FP32 storage (its own cast
+    truncates; int64 lanes because it checks every int32 add for overflow)."""
+    if PORTABLE:
         b = x.to(tl.uint32, bitcast=True).to(tl.int64)
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
         return b.to(tl.uint32).to(tl.float32, bitcast=True)
@@ -81,198 +109,337 @@ def _bf16_round(x, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, prog_ptr, row_ptr, pos_ptr, H, D, qk_scale,
-                HI: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, STAGES: tl.constexpr,
-                UPCAST: tl.constexpr):
-    """Program = up to BM rows of one sample (prog: first sorted row, count, store base, max position).
+def _split(x, PORTABLE: tl.constexpr):
+    """x = hi + lo to 16 significant bits, both bf16 operands (hi rounded to nearest, lo the rounded residual)."""
+    hi = _bf16(x, PORTABLE)
+    return hi, _bf16(x - hi.to(tl.float32), PORTABLE)
 
-    Key blocks [n0, n0 + BN) from position 0 in order; a row that sees none of a block keeps its state
-    (select), so the block is a bitwise no-op for it whatever the program's other rows are.
+
+@triton.jit
+def _operand(x, PORTABLE: tl.constexpr):
+    """A loaded bf16 tile as a dot operand (FP32 under the interpreter, whose bf16 arithmetic is unreliable)."""
+    if PORTABLE:
+        return x.to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def _plus_zero(x):
+    """-0 -> +0, every other value unchanged (a select: ``x + 0.0`` could be contracted away)."""
+    return tl.where(x == 0.0, 0.0, x)
+
+
+@triton.jit
+def _load_rows(ptr, off, rmask, DMASK: tl.constexpr, dmask):
+    """A [rows, DP] tile, masked on rows (and on the head-dim padding when DP > D)."""
+    if DMASK:
+        return tl.load(ptr + off, mask=rmask & dmask, other=0.0)
+    else:
+        return tl.load(ptr + off, mask=rmask, other=0.0)
+
+
+@triton.jit
+def _load_keys(ptr, off, kmask, dmask, MASK: tl.constexpr, DMASK: tl.constexpr):
+    """A [keys, DP] block: masked to written keys in a masked step; unmasked (all keys exist) otherwise."""
+    if MASK:
+        if DMASK:
+            return tl.load(ptr + off, mask=kmask & dmask, other=0.0)
+        else:
+            return tl.load(ptr + off, mask=kmask, other=0.0)
+    else:
+        if DMASK:
+            return tl.load(ptr + off, mask=dmask, other=0.0)
+        else:
+            return tl.load(ptr + off)
+
+
+@triton.jit
+def _program_rows(prog_ptr, pid, hb, pack, G: tl.constexpr, BM: tl.constexpr):
+    """Rows of a program: (physical row, logical token, position, query head, live) per slot, and the scalars.
+
+    A program row r is token r // pack, query head hb * pack + r % pack: pack = 1 for prefill programs (hb is the
+    query head), pack = G for decode programs (hb is the K/V head, rows are its group's query heads).
     """
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
-    first = tl.load(prog_ptr + pid * 4)
-    cnt = tl.load(prog_ptr + pid * 4 + 1)
-    kbase = tl.load(prog_ptr + pid * 4 + 2).to(tl.int64)
-    pmax = tl.load(prog_ptr + pid * 4 + 3)
-    i = tl.arange(0, BM)
-    live = i < cnt
-    r = tl.load(row_ptr + first + i, mask=live, other=0).to(tl.int64)
-    pos = tl.load(pos_ptr + first + i, mask=live, other=-1)
+    row0 = tl.load(prog_ptr + pid * 4).to(tl.int64)
+    tok0 = tl.load(prog_ptr + pid * 4 + 1).to(tl.int64)
+    pos0 = tl.load(prog_ptr + pid * 4 + 2).to(tl.int64)
+    cnt = tl.load(prog_ptr + pid * 4 + 3).to(tl.int64)
+    r = tl.arange(0, BM).to(tl.int64)
+    t = r // pack
+    hq = hb * pack + r % pack
+    live = t < cnt
+    pos = tl.where(live, pos0 + t, -1)
+    hk = (hb * pack) // G
+    return row0 + t, tok0 + t, pos, hq, live, tok0 - pos0, pos0, pos0 + cnt - 1, hk
+
+
+# --------------------------------------------------------------------------------------------------- forward
+@triton.jit
+def _fwd_step(q, k_ptr, v_ptr, kv_tok, n0, hk, pos, pmax, m_i, l_i, acc, qk_scale, HKV,
+              BN: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, MASK: tl.constexpr, ROWSUM_DOT: tl.constexpr,
+              PORTABLE: tl.constexpr):
+    """Fold key block [n0, n0 + BN) into (m, l, acc). MASK=False: every key is visible to every row."""
+    j = tl.arange(0, BN)
+    d = tl.arange(0, DP)
+    off = ((kv_tok + n0 + j) * HKV + hk)[:, None] * D + d[None, :]
+    kmask = (j <= pmax - n0)[:, None]
+    dmask = (d < D)[None, :]
+    k = _operand(_load_keys(k_ptr, off, kmask, dmask, MASK, DP != D), PORTABLE)
+    v = _operand(_load_keys(v_ptr, off, kmask, dmask, MASK, DP != D), PORTABLE)
+    s = mma(q, tl.trans(k), None)
+    if MASK:
+        rel = pos - n0  # key j of the block is visible to a row iff j <= rel
+        s = tl.where(j[None, :] <= rel[:, None], s, float("-inf"))
+        active = rel >= 0
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # max is exact in any order; scale > 0 is monotone
+        m_use = tl.where(active, m_new, 0.0)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        m_use = m_new
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(tl.fma(s, qk_scale, -m_use[:, None]))
+    pb = _bf16(p, PORTABLE)
+    if ROWSUM_DOT:
+        ones = tl.full((BN, 16), 1.0, tl.float32 if PORTABLE else tl.bfloat16)
+        rs = tl.max(mma(pb, ones, None), 1)  # every column holds the row sum
+    else:
+        rs = tl.sum(p, 1)
+    l_new = tl.fma(l_i, alpha, rs)
+    acc_new = mma(pb, v, acc * alpha[:, None])
+    if MASK:
+        return (tl.where(active, m_new, m_i), tl.where(active, l_new, l_i),
+                tl.where(active[:, None], acc_new, acc))
+    else:
+        return m_new, l_new, acc_new
+
+
+@triton.jit(do_not_specialize=["pack"])  # one binary for prefill and decode programs
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, prog_ptr, pack, HQ, HKV, T, qk_scale,
+                G: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                STAGES: tl.constexpr, SPLIT: tl.constexpr, ROWSUM_DOT: tl.constexpr, PORTABLE: tl.constexpr):
+    """One program: up to BM rows of one sample (see ``_program_rows``); K / V from the logical store."""
+    row, tok, pos, hq, live, kv_tok, pmin, pmax, hk = _program_rows(prog_ptr, tl.program_id(1),
+                                                                     tl.program_id(0), pack, G, BM)
     d = tl.arange(0, DP)
     dmask = (d < D)[None, :]
-    hoff = (h * D + d)[None, :]
-    rmask = live[:, None] & dmask
-    roff = (r * H * D)[:, None] + hoff
-    q = tl.load(q_ptr + roff, mask=rmask, other=0.0)
-    jn = tl.arange(0, BN)
-    if UPCAST:
-        q = q.to(tl.float32)
-        ones = tl.full((BN, 16), 1.0, tl.float32)
-    else:
-        ones = tl.full((BN, 16), 1.0, tl.bfloat16)
+    roff = (row * HQ + hq)[:, None] * D + d[None, :]
+    q = _operand(_load_rows(q_ptr, roff, live[:, None], DP != D, dmask), PORTABLE)
     m_i = tl.full((BM,), float("-inf"), tl.float32)
     l_i = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, DP), tl.float32)
-    for n0 in tl.range(0, HI if UPCAST else pmax + 1, BN, num_stages=STAGES):
-        kmask = (jn <= pmax - n0)[:, None] & dmask
-        koff = ((kbase + n0 + jn) * H * D)[:, None] + hoff  # kbase is int64: no overflow
-        k = tl.load(k_ptr + koff, mask=kmask, other=0.0)
-        v = tl.load(v_ptr + koff, mask=kmask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        rel = pos - n0                                   # key j of the block is visible iff j <= rel
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(jn[None, :] <= rel[:, None], s, float("-inf"))
-        active = rel >= 0
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # tl.max is exact: any reduction order gives the same value
-        m_use = tl.where(active, m_new, 0.0)
-        alpha = tl.exp2(m_i - m_use)
-        p = _bf16_round(tl.exp2(s - m_use[:, None]), UPCAST)
-        rs = tl.max(tl.dot(p, ones), 1)  # the row sum through the tensor core (every column holds it)
-        l_new = l_i * alpha + rs
-        acc_new = tl.dot(p, v, acc * alpha[:, None])
-        m_i = tl.where(active, m_new, m_i)
-        l_i = tl.where(active, l_new, l_i)
-        acc = tl.where(active[:, None], acc_new, acc)
+    full_end = ((pmin + 1) // BN) * BN if SPLIT else pmin * 0  # blocks [0, full_end) are seen whole by every row
+    if PORTABLE:
+        n0 = full_end * 0
+        while n0 < full_end:
+            m_i, l_i, acc = _fwd_step(q, k_ptr, v_ptr, kv_tok, n0, hk, pos, pmax, m_i, l_i, acc, qk_scale, HKV,
+                                      BN, D, DP, False, ROWSUM_DOT, PORTABLE)
+            n0 += BN
+        while n0 <= pmax:
+            m_i, l_i, acc = _fwd_step(q, k_ptr, v_ptr, kv_tok, n0, hk, pos, pmax, m_i, l_i, acc, qk_scale, HKV,
+                                      BN, D, DP, True, ROWSUM_DOT, PORTABLE)
+            n0 += BN
+    else:
+        for n0 in tl.range(0, full_end, BN, num_stages=STAGES):
+            m_i, l_i, acc = _fwd_step(q, k_ptr, v_ptr, kv_tok, n0, hk, pos, pmax, m_i, l_i, acc, qk_scale, HKV,
+                                      BN, D, DP, False, ROWSUM_DOT, PORTABLE)
+        for n0 in tl.range(full_end, pmax + 1, BN, num_stages=STAGES):
+            m_i, l_i, acc = _fwd_step(q, k_ptr, v_ptr, kv_tok, n0, hk, pos, pmax, m_i, l_i, acc, qk_scale, HKV,
+                                      BN, D, DP, True, ROWSUM_DOT, PORTABLE)
     l_safe = tl.where(live, l_i, 1.0)
-    o = acc / l_safe[:, None]
-    tl.store(o_ptr + roff, to_out(o, o_ptr.dtype.element_ty), mask=rmask)
-    tl.store(lse_ptr + r * H + h, tl.where(live, m_i, 0.0) + tl.log2(l_safe), mask=live)
+    o = _plus_zero(acc / l_safe[:, None])
+    tl.store(o_ptr + roff, to_out(o, o_ptr.dtype.element_ty), mask=live[:, None] & dmask)
+    tl.store(lse_ptr + hq * T + tok, tl.where(live, m_i, 0.0) + tl.log2(l_safe), mask=live)
 
 
+# --------------------------------------------------------------------------------------------------------- dQ
 @triton.jit
-def _delta_kernel(o_ptr, do_ptr, delta_ptr, n_rows, D, ROWS: tl.constexpr, DP: tl.constexpr):
-    """delta[r] = sum_d o[r, d] * do[r, d] over flat (token, head) rows; pinned block, pinned order."""
-    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    d = tl.arange(0, DP)
-    m = (r < n_rows)[:, None] & (d < D)[None, :]
-    off = r[:, None] * D + d[None, :]
-    o = tl.load(o_ptr + off, mask=m, other=0.0).to(tl.float32)
-    do = tl.load(do_ptr + off, mask=m, other=0.0).to(tl.float32)
-    tl.store(delta_ptr + r, tl.sum(o * do, 1), mask=r < n_rows)
-
-
-@triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, prog_ptr, row_ptr, pos_ptr,
-               H, D, qk_scale, sm_scale, HI: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               DP: tl.constexpr, STAGES: tl.constexpr, UPCAST: tl.constexpr):
-    """dQ of up to BM rows of one sample: key blocks from position 0 in order, p recomputed from lse."""
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
-    first = tl.load(prog_ptr + pid * 4)
-    cnt = tl.load(prog_ptr + pid * 4 + 1)
-    kbase = tl.load(prog_ptr + pid * 4 + 2).to(tl.int64)
-    pmax = tl.load(prog_ptr + pid * 4 + 3)
-    i = tl.arange(0, BM)
-    live = i < cnt
-    r = tl.load(row_ptr + first + i, mask=live, other=0).to(tl.int64)
-    pos = tl.load(pos_ptr + first + i, mask=live, other=-1)
-    d = tl.arange(0, DP)
-    dmask = (d < D)[None, :]
-    hoff = (h * D + d)[None, :]
-    rmask = live[:, None] & dmask
-    roff = (r * H * D)[:, None] + hoff
-    q = tl.load(q_ptr + roff, mask=rmask, other=0.0)
-    do = tl.load(do_ptr + roff, mask=rmask, other=0.0)
-    lse = tl.load(lse_ptr + r * H + h, mask=live, other=0.0)
-    delta = tl.load(delta_ptr + r * H + h, mask=live, other=0.0)
-    jn = tl.arange(0, BN)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    acc = tl.zeros((BM, DP), tl.float32)
-    for n0 in tl.range(0, HI if UPCAST else pmax + 1, BN, num_stages=STAGES):
-        kmask = (jn <= pmax - n0)[:, None] & dmask
-        koff = ((kbase + n0 + jn) * H * D)[:, None] + hoff  # kbase is int64: no overflow
-        k = tl.load(k_ptr + koff, mask=kmask, other=0.0)
-        v = tl.load(v_ptr + koff, mask=kmask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        rel = pos - n0
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        p = tl.exp2(tl.where(jn[None, :] <= rel[:, None], s, float("-inf")) - lse[:, None])
-        dp = tl.dot(do, tl.trans(v))
-        ds = _bf16_round(p * (dp - delta[:, None]), UPCAST)
-        acc_new = tl.dot(ds, k, acc)
-        acc = tl.where((rel >= 0)[:, None], acc_new, acc)
-    tl.store(dq_ptr + roff, to_out(acc * sm_scale, dq_ptr.dtype.element_ty), mask=rmask)
-
-
-@triton.jit
-def _dkdv_kernel(q_ptr, do_ptr, lse_ptr, delta_ptr, k_ptr, v_ptr, dk_ptr, dv_ptr, plan_ptr, work_ptr,
-                 H, D, qk_scale, sm_scale, HI: tl.constexpr, BN: tl.constexpr, TILE: tl.constexpr,
-                 DP: tl.constexpr, STAGES: tl.constexpr, UPCAST: tl.constexpr):
-    """One (key block, head): load FP32 dK / dV, add the step's tiles of its sample in order, store.
-
-    work row: store token of the block's first key, valid keys, position of the first key, first and
-    end step tile, position of the first tile's slot 0 (a sample's tiles are consecutive). Scores are
-    computed transposed ([keys, queries]) so both updates are plain dots over the tile's rows.
-    """
-    w = tl.program_id(0)
-    h = tl.program_id(1)
-    kbase = tl.load(work_ptr + w * 6).to(tl.int64)
-    klen = tl.load(work_ptr + w * 6 + 1)
-    kpos0 = tl.load(work_ptr + w * 6 + 2)
-    t0 = tl.load(work_ptr + w * 6 + 3).to(tl.int64)
-    t1 = tl.load(work_ptr + w * 6 + 4)
-    qpos0 = tl.load(work_ptr + w * 6 + 5)
+def _dq_step(q, do, lse, delta, k_ptr, v_ptr, kv_tok, n0, hk, pos, pmax, dq, dsum, qk_scale, HKV,
+             BN: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, MASK: tl.constexpr, EXACT_DELTA: tl.constexpr,
+             PORTABLE: tl.constexpr):
+    """dq += dS @ K over key block [n0, n0 + BN), p recomputed from lse (a masked key gives p = 0 exactly).
+    EXACT_DELTA: also dsum += rowsum(P * dP), the FP32 delta of the exact softmax (for the dK / dV fold)."""
     j = tl.arange(0, BN)
-    kvalid = j < klen
+    d = tl.arange(0, DP)
+    off = ((kv_tok + n0 + j) * HKV + hk)[:, None] * D + d[None, :]
+    kmask = (j <= pmax - n0)[:, None]
+    dmask = (d < D)[None, :]
+    k = _operand(_load_keys(k_ptr, off, kmask, dmask, MASK, DP != D), PORTABLE)
+    v = _operand(_load_keys(v_ptr, off, kmask, dmask, MASK, DP != D), PORTABLE)
+    s = mma(q, tl.trans(k), None)
+    if MASK:
+        s = tl.where(j[None, :] <= (pos - n0)[:, None], s, float("-inf"))
+    p = tl.exp2(tl.fma(s, qk_scale, -lse[:, None]))
+    dp = mma(do, tl.trans(v), None)
+    if EXACT_DELTA:
+        dsum += tl.sum(p * dp, 1)
+    ds = _bf16(p * (dp - delta[:, None]), PORTABLE)
+    return mma(ds, k, dq), dsum
+
+
+@triton.jit(do_not_specialize=["pack"])  # one binary for prefill and decode programs
+def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, prog_ptr, pack, HQ, HKV, T,
+               qk_scale, sm_scale, G: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr, EXACT_DELTA: tl.constexpr,
+               PORTABLE: tl.constexpr):
+    """dQ of a program's rows over key blocks from position 0 in order, with delta = rowsum(o * do) from the
+    bf16 o (as FlashAttention; dQ is a bf16 output). Stores the fold's delta at each row's token: that one, or
+    with EXACT_DELTA rowsum(P * dP) summed over the same blocks (dK / dV to FP32 accuracy)."""
+    row, tok, pos, hq, live, kv_tok, pmin, pmax, hk = _program_rows(prog_ptr, tl.program_id(1),
+                                                                     tl.program_id(0), pack, G, BM)
     d = tl.arange(0, DP)
     dmask = (d < D)[None, :]
-    hoff = (h * D + d)[None, :]
-    kmask = kvalid[:, None] & dmask
-    koff = ((kbase + j) * H * D)[:, None] + hoff
-    k = tl.load(k_ptr + koff, mask=kmask, other=0.0)
-    v = tl.load(v_ptr + koff, mask=kmask, other=0.0)
-    dk = tl.load(dk_ptr + koff, mask=kmask, other=0.0)
-    dv = tl.load(dv_ptr + koff, mask=kmask, other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    slot = tl.arange(0, TILE)
-    # key j sees query slot i of the it-th tile iff kpos0 + j <= qpos0 + it * TILE + i
-    diff = j[:, None] - slot[None, :]
-    shift = qpos0 - kpos0
-    lse_h = lse_ptr + h
-    delta_h = delta_ptr + h
-    plan_t = plan_ptr + t0 * TILE + slot
-    for it in tl.range(0, HI if UPCAST else t1 - t0, num_stages=STAGES):
-        idx = tl.load(plan_t + it * TILE, mask=t0 + it < t1, other=-1)
-        valid = idx >= 0
-        rr = tl.maximum(idx, 0).to(tl.int64)
-        qmask = valid[:, None] & dmask
-        qoff = (rr * H * D)[:, None] + hoff
-        q = tl.load(q_ptr + qoff, mask=qmask, other=0.0)
-        do = tl.load(do_ptr + qoff, mask=qmask, other=0.0)
-        lse = tl.load(lse_h + rr * H, mask=valid, other=0.0)
-        delta = tl.load(delta_h + rr * H, mask=valid, other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
-        st = tl.dot(k, tl.trans(q)) * qk_scale
-        vis = (diff <= shift + it * TILE) & valid[None, :] & kvalid[:, None]
-        pt = tl.exp2(tl.where(vis, st, float("-inf")) - lse[None, :])
-        dv_new = tl.dot(_bf16_round(pt, UPCAST), do, dv)
-        dpt = tl.dot(v, tl.trans(do))
-        dst = _bf16_round(pt * (dpt - delta[None, :]) * sm_scale, UPCAST)
-        dk_new = tl.dot(dst, q, dk)
-        if UPCAST:  # iterations past this program's tiles (constexpr loop bound) keep the accumulators
-            dk = tl.where(t0 + it < t1, dk_new, dk)
-            dv = tl.where(t0 + it < t1, dv_new, dv)
+    roff = (row * HQ + hq)[:, None] * D + d[None, :]
+    rmask = live[:, None]
+    q = _operand(_load_rows(q_ptr, roff, rmask, DP != D, dmask), PORTABLE)
+    do = _operand(_load_rows(do_ptr, roff, rmask, DP != D, dmask), PORTABLE)
+    o = _load_rows(o_ptr, roff, rmask, DP != D, dmask).to(tl.float32)
+    delta = tl.sum(o * do.to(tl.float32), 1)
+    lse = tl.load(lse_ptr + hq * T + tok, mask=live, other=0.0)
+    dq = tl.zeros((BM, DP), tl.float32)
+    dsum = tl.zeros((BM,), tl.float32)
+    full_end = ((pmin + 1) // BN) * BN if SPLIT else pmin * 0
+    if PORTABLE:
+        n0 = full_end * 0
+        while n0 < full_end:
+            dq, dsum = _dq_step(q, do, lse, delta, k_ptr, v_ptr, kv_tok, n0, hk, pos, pmax, dq, dsum, qk_scale,
+                                HKV, BN, D, DP, False, EXACT_DELTA, PORTABLE)
+            n0 += BN
+        while n0 <= pmax:
+            dq, dsum = _dq_step(q, do, lse, delta, k_ptr, v_ptr, kv_tok, n0, hk, pos, pmax, dq, dsum, qk_scale,
+                                HKV, BN, D, DP, True, EXACT_DELTA, PORTABLE)
+            n0 += BN
+    else:
+        for n0 in tl.range(0, full_end, BN, num_stages=STAGES):
+            dq, dsum = _dq_step(q, do, lse, delta, k_ptr, v_ptr, kv_tok, n0, hk, pos, pmax, dq, dsum, qk_scale,
+                                HKV, BN, D, DP, False, EXACT_DELTA, PORTABLE)
+        for n0 in tl.range(full_end, pmax + 1, BN, num_stages=STAGES):
+            dq, dsum = _dq_step(q, do, lse, delta, k_ptr, v_ptr, kv_tok, n0, hk, pos, pmax, dq, dsum, qk_scale,
+                                HKV, BN, D, DP, True, EXACT_DELTA, PORTABLE)
+    tl.store(delta_ptr + hq * T + tok, _plus_zero(dsum) if EXACT_DELTA else delta, mask=live)
+    tl.store(dq_ptr + roff, to_out(_plus_zero(dq * sm_scale), dq_ptr.dtype.element_ty), mask=rmask & dmask)
+
+
+# -------------------------------------------------------------------------------------------------- dK / dV
+@triton.jit
+def _kv_step(k, v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, tok_base, t0, hq, kpos, kvalid, L, qk_scale,
+             sm_scale, HQ, T, TILE: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, MASK: tl.constexpr,
+             FP32_GRADS: tl.constexpr, PORTABLE: tl.constexpr):
+    """Add query tile [t0, t0 + TILE) of one query head to a key block's dK / dV (scores transposed: [keys, q])."""
+    i = tl.arange(0, TILE)
+    d = tl.arange(0, DP)
+    qpos = t0 + i
+    qvalid = qpos < L
+    qtok = tok_base + qpos
+    qoff = (qtok * HQ + hq)[:, None] * D + d[None, :]
+    dmask = (d < D)[None, :]
+    q = _operand(_load_rows(q_ptr, qoff, qvalid[:, None], DP != D, dmask), PORTABLE)
+    do = _operand(_load_rows(do_ptr, qoff, qvalid[:, None], DP != D, dmask), PORTABLE)
+    lse = tl.load(lse_ptr + hq * T + qtok, mask=qvalid, other=float("inf"))
+    delta = tl.load(delta_ptr + hq * T + qtok, mask=qvalid, other=0.0)
+    st = mma(k, tl.trans(q), None)
+    if MASK:
+        vis = (kpos[:, None] <= qpos[None, :]) & qvalid[None, :] & kvalid[:, None]
+        st = tl.where(vis, st, float("-inf"))
+    pt = tl.exp2(tl.fma(st, qk_scale, -lse[None, :]))
+    dpt = mma(v, tl.trans(do), None)
+    dst = pt * (dpt - delta[None, :]) * sm_scale
+    if MASK:
+        dst = tl.where(vis, dst, 0.0)
+    if FP32_GRADS:  # hi then lo, a fixed order
+        p_hi, p_lo = _split(pt, PORTABLE)
+        dv = mma(p_lo, do, mma(p_hi, do, dv))
+        ds_hi, ds_lo = _split(dst, PORTABLE)
+        dk = mma(ds_lo, q, mma(ds_hi, q, dk))
+    else:
+        dv = mma(_bf16(pt, PORTABLE), do, dv)
+        dk = mma(_bf16(dst, PORTABLE), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_kernel(k_ptr, v_ptr, q_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, work_ptr, HQ, HKV, T,
+                 qk_scale, sm_scale, G: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BN: tl.constexpr,
+                 TILE: tl.constexpr, STAGES: tl.constexpr, LOAD_ACC: tl.constexpr, FP32_GRADS: tl.constexpr,
+                 PORTABLE: tl.constexpr):
+    """One (key block, K/V head): FP32 dK / dV += the canonical query tiles of its sample, for each query head of
+    the group in head order, tiles in position order. work row: token of the sample's start, first key, length."""
+    hk = tl.program_id(0)
+    w = tl.program_id(1)
+    tok_base = tl.load(work_ptr + w * 3).to(tl.int64)
+    k0 = tl.load(work_ptr + w * 3 + 1).to(tl.int64)
+    L = tl.load(work_ptr + w * 3 + 2).to(tl.int64)
+    j = tl.arange(0, BN)
+    d = tl.arange(0, DP)
+    kpos = k0 + j
+    kvalid = kpos < L
+    koff = ((tok_base + kpos) * HKV + hk)[:, None] * D + d[None, :]
+    kmask = kvalid[:, None]
+    dmask = (d < D)[None, :]
+    k = _operand(_load_rows(k_ptr, koff, kmask, DP != D, dmask), PORTABLE)
+    v = _operand(_load_rows(v_ptr, koff, kmask, DP != D, dmask), PORTABLE)
+    if LOAD_ACC:
+        dk = _load_rows(dk_ptr, koff, kmask, DP != D, dmask)
+        dv = _load_rows(dv_ptr, koff, kmask, DP != D, dmask)
+    else:
+        dk = tl.zeros((BN, DP), tl.float32)
+        dv = tl.zeros((BN, DP), tl.float32)
+    t_first = (k0 // TILE) * TILE                     # first tile holding a query that sees a key of the block
+    t_end = ((L + TILE - 1) // TILE) * TILE
+    t_full = tl.minimum(((k0 + BN - 1 + TILE - 1) // TILE) * TILE, t_end)  # from here a tile sees every key
+    t_tail = (L // TILE) * TILE                      # a partial last tile runs masked (its slots past L)
+    t_mid_end = tl.maximum(t_full, t_tail)
+    for g in range(G):  # query heads of the group, in order (a constexpr loop)
+        hq = hk * G + g
+        if PORTABLE:
+            t0 = t_first
+            while t0 < t_full:
+                dk, dv = _kv_step(k, v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, tok_base, t0, hq, kpos, kvalid,
+                                  L, qk_scale, sm_scale, HQ, T, TILE, D, DP, True, FP32_GRADS, PORTABLE)
+                t0 += TILE
+            while t0 < t_mid_end:
+                dk, dv = _kv_step(k, v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, tok_base, t0, hq, kpos, kvalid,
+                                  L, qk_scale, sm_scale, HQ, T, TILE, D, DP, False, FP32_GRADS, PORTABLE)
+                t0 += TILE
+            while t0 < t_end:
+                dk, dv = _kv_step(k, v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, tok_base, t0, hq, kpos, kvalid,
+                                  L, qk_scale, sm_scale, HQ, T, TILE, D, DP, True, FP32_GRADS, PORTABLE)
+                t0 += TILE
         else:
-            dk = dk_new
-            dv = dv_new
-    tl.store(dk_ptr + koff, dk, mask=kmask)
-    tl.store(dv_ptr + koff, dv, mask=kmask)
+            for t0 in tl.range(t_first, t_full, TILE, num_stages=STAGES):
+                dk, dv = _kv_step(k, v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, tok_base, t0, hq, kpos, kvalid,
+                                  L, qk_scale, sm_scale, HQ, T, TILE, D, DP, True, FP32_GRADS, PORTABLE)
+            for t0 in tl.range(t_full, t_mid_end, TILE, num_stages=STAGES):
+                dk, dv = _kv_step(k, v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, tok_base, t0, hq, kpos, kvalid,
+                                  L, qk_scale, sm_scale, HQ, T, TILE, D, DP, False, FP32_GRADS, PORTABLE)
+            for t0 in tl.range(t_mid_end, t_end, TILE, num_stages=STAGES):
+                dk, dv = _kv_step(k, v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, tok_base, t0, hq, kpos, kvalid,
+                                  L, qk_scale, sm_scale, HQ, T, TILE, D, DP, True, FP32_GRADS, PORTABLE)
+    smask = kmask & dmask
+    tl.store(dk_ptr + koff, dk, mask=smask)
+    tl.store(dv_ptr + koff, dv, mask=smask)
+
+
+# -------------------------------------------------------------------------------------------------- scatter
+@triton.jit
+def _scatter_kernel(src_a, dst_a, src_b, dst_b, rows_ptr, toks_ptr, n, ROW: tl.constexpr, ROWP: tl.constexpr,
+                    BR: tl.constexpr, TWO: tl.constexpr):
+    """dst[toks[i]] = src[rows[i]] for BR rows of ROW elements (and the same for a second pair): store writes."""
+    i = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    live = i < n
+    r = tl.load(rows_ptr + i, mask=live, other=0).to(tl.int64)
+    t = tl.load(toks_ptr + i, mask=live, other=0).to(tl.int64)
+    c = tl.arange(0, ROWP)
+    m = live[:, None] & (c < ROW)[None, :]
+    tl.store(dst_a + t[:, None] * ROW + c[None, :], tl.load(src_a + r[:, None] * ROW + c[None, :], mask=m), mask=m)
+    if TWO:
+        tl.store(dst_b + t[:, None] * ROW + c[None, :], tl.load(src_b + r[:, None] * ROW + c[None, :], mask=m),
+                 mask=m)
 
 
 # ------------------------------------------------------------------------------------------------- host side
 def _upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """int32 table to the device without stalling behind queued GPU work."""
+    """int32 table to the device without stalling behind queued GPU work (done once per plan)."""
     host = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
     if device.type != "cuda":
         return host
@@ -280,239 +447,388 @@ def _upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class _Groups:
-    """Programs of one call: rows of one sample sorted by position, ``bm`` at a time."""
+class _Programs:
+    """Programs of one kernel for one call: prefill programs (one query head each) and decode programs (a group)."""
 
-    prog: torch.Tensor     # int32 [n_prog, 4]: first sorted row, count, store base, max position
-    row: torch.Tensor      # int32 [n_real]: physical row of each sorted row
-    pos: torch.Tensor      # int32 [n_real]: its position
-    pmax: np.ndarray       # host copy of prog[:, 3] (descending)
-
-    def launches(self, bn: int) -> list[tuple[torch.Tensor, int]]:
-        """(program rows, HI) per launch: one launch on the GPU; under the interpreter one per key-block
-        count, so that no program runs many no-op blocks to a constexpr bound set by a longer one."""
-        if len(self.pmax) == 0:
-            return []
-        if not INTERPRET:
-            return [(self.prog, 0)]
-        blocks = self.pmax // bn + 1
-        cuts = np.concatenate([[0], np.flatnonzero(np.diff(blocks)) + 1, [len(blocks)]])
-        return [(self.prog[a:b], int(blocks[a]) * bn) for a, b in itertools.pairwise(cuts)]
+    single: torch.Tensor   # int32 [n, 4]: first row, first token, first position, tokens (<= bm)
+    packed: torch.Tensor   # int32 [m, 4]: the same, tokens * group <= bm
 
 
-def _sorted_rows(rows: RowIdentity) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _programs(row0: np.ndarray, tok0: np.ndarray, pos0: np.ndarray, n: np.ndarray, bm: int, group: int,
+              device: torch.device) -> _Programs:
+    """Split runs into programs of bm tokens; a run's last piece whose group x tokens fit bm rows is packed."""
+    chunks = (n + bm - 1) // bm
+    idx = np.repeat(np.arange(len(n)), chunks)
+    k = np.arange(len(idx)) - np.repeat(np.cumsum(chunks) - chunks, chunks)
+    cnt = np.minimum(bm, n[idx] - k * bm)
+    table = np.stack([row0[idx] + k * bm, tok0[idx] + k * bm, pos0[idx] + k * bm, cnt], axis=1)
+    packed = (cnt * group <= bm) if group > 1 else np.zeros(len(cnt), dtype=bool)
+    out = []
+    for sel in (~packed, packed):
+        t = table[sel]
+        t = t[np.argsort(-(t[:, 2] + t[:, 3]), kind="stable")]  # most key blocks first (load balance only)
+        out.append(_upload(t.reshape(-1, 4), device))
+    return _Programs(*out)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything about one call's rows that does not depend on the data: runs, programs, scatter indices."""
+
+    n_rows: int
+    n_real: int
+    has_pads: bool
+    full: bool                 # the rows are every token of the step in logical order (the call is its own store)
+    run_sample: np.ndarray     # per run (consecutive rows, one sample, consecutive positions)
+    run_pos0: np.ndarray
+    run_len: np.ndarray
+    chain_sample: np.ndarray   # per sample of the call: its first position and the end of its last run
+    chain_first: np.ndarray
+    chain_end: np.ndarray
+    fwd: _Programs
+    dq: _Programs
+    rows: torch.Tensor         # int32 [n_real]: physical row of each real row (run order)
+    toks: torch.Tensor         # int32 [n_real]: its logical token
+
+
+_PLANS: OrderedDict = OrderedDict()
+_PLAN_SLOTS = 64
+
+
+def _build_plan(rows: RowIdentity, lengths: np.ndarray, starts: np.ndarray, cfg: AttnConfig, group: int,
+                device: torch.device) -> _Plan:
     sample = rows.sample.cpu().numpy()
     position = rows.position.cpu().numpy()
-    real = np.nonzero(sample >= 0)[0]
-    order = real[np.lexsort((position[real], sample[real]))]
-    return order, sample[order], position[order]
+    n_rows = len(sample)
+    if n_rows == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return _Plan(0, 0, False, False, z, z, z, z, z, z, _programs(z, z, z, z, cfg.bm, group, device),
+                     _programs(z, z, z, z, cfg.dq_bm, group, device), _upload(z, device), _upload(z, device))
+    brk = np.flatnonzero((sample[1:] != sample[:-1]) | (position[1:] != position[:-1] + 1)) + 1
+    first = np.concatenate([[0], brk])
+    n = np.diff(np.concatenate([first, [n_rows]]))
+    s = sample[first]
+    real = s >= 0
+    first, n, s = first[real], n[real], s[real]
+    p0 = position[first]
+    if len(s) and int(s.max()) >= len(lengths):
+        raise ValueError(f"attention: sample id {int(s.max())} outside the step's {len(lengths)} samples")
+    if ((p0 < 0) | (p0 + n > lengths[s])).any():
+        raise ValueError("attention: a row's position lies outside its sample")
+    tok0 = starts[s] + p0
+    n_real = int(n.sum())
+    chain = _chains(s, p0, n)
+    nonempty = np.flatnonzero(lengths > 0)
+    full = (n_real == n_rows == int(lengths.sum()) and len(s) == len(nonempty) and bool((s == nonempty).all())
+            and bool((p0 == 0).all()) and bool((n == lengths[s]).all()) and bool((first == starts[s]).all()))
+    run_of = np.repeat(np.arange(len(n)), n)
+    off = np.arange(n_real) - np.repeat(np.cumsum(n) - n, n)
+    return _Plan(n_rows, n_real, n_real < n_rows, full, s, p0, n, *chain,
+                 _programs(first, tok0, p0, n, cfg.bm, group, device),
+                 _programs(first, tok0, p0, n, cfg.dq_bm, group, device),
+                 _upload(first[run_of] + off, device), _upload(tok0[run_of] + off, device))
 
 
-def _groups(order: np.ndarray, s_sorted: np.ndarray, p_sorted: np.ndarray, starts: np.ndarray, bm: int,
-            device: torch.device) -> _Groups:
-    n = len(order)
-    if n == 0:
-        empty = np.zeros((0, 4), dtype=np.int32)
-        return _Groups(_upload(empty, device), _upload(order, device), _upload(p_sorted, device),
-                       np.zeros(0, dtype=np.int64))
-    seg_first = np.concatenate([[0], np.flatnonzero(np.diff(s_sorted)) + 1])
-    seg_end = np.concatenate([seg_first[1:], [n]])
-    n_prog = (seg_end - seg_first + bm - 1) // bm
-    seg_of = np.repeat(np.arange(len(seg_first)), n_prog)
-    k = np.arange(len(seg_of)) - np.repeat(np.cumsum(n_prog) - n_prog, n_prog)
-    first = seg_first[seg_of] + k * bm
-    count = np.minimum(bm, seg_end[seg_of] - first)
-    base = starts[s_sorted[first]]
-    pmax = p_sorted[first + count - 1]
-    prog = np.stack([first, count, base, pmax], axis=1)
-    prog = prog[np.argsort(-pmax, kind="stable")]  # longest programs first (load balance only)
-    return _Groups(_upload(prog, device), _upload(order, device), _upload(p_sorted, device), prog[:, 3].copy())
+def _chains(s: np.ndarray, p0: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample of a call: (sample, first position, end); its runs must tile one range (no gap, no repeat)."""
+    if len(s) == 0:
+        return s, p0, p0
+    order = np.lexsort((p0, s))
+    s, p0, n = s[order], p0[order], n[order]
+    new = np.concatenate([[True], s[1:] != s[:-1]])
+    follows = np.concatenate([[0], p0[:-1] + n[:-1]])
+    bad = ~new & (p0 != follows)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        what = "a token's K / V was written twice" if p0[i] < follows[i] else "some keys before it are in no call"
+        raise ValueError(f"attention: sample {int(s[i])} position {int(p0[i])} of one call: {what}")
+    last = np.concatenate([np.flatnonzero(new[1:]), [len(s) - 1]])
+    return s[new], p0[new], p0[last] + n[last]
+
+
+class _QueryFold:
+    """Where the dK / dV fold over canonical query tiles stands: done once every token's backward has run."""
+
+    def __init__(self, lengths: np.ndarray, total: int, tile: int) -> None:
+        self.lengths = lengths
+        self.tile = tile
+        self.total_tokens = total
+        self.tokens_in = 0
+        self.done = False
+
+
+_WORK: OrderedDict = OrderedDict()
+_STEPS: OrderedDict = OrderedDict()
+
+
+def _step(lengths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int, tuple[int, ...]]:
+    """Lengths, start tokens and total of a step's samples (cached: every layer's cache of a step shares them)."""
+    hit = _STEPS.get(lengths)
+    if hit is None:
+        arr = np.asarray(lengths, dtype=np.int64)
+        if (arr < 0).any():
+            raise ValueError("attention: sample lengths must be >= 0")
+        starts = np.concatenate([[0], np.cumsum(arr)])[:-1].astype(np.int64)
+        hit = _STEPS[lengths] = (arr, starts, int(arr.sum()), lengths)
+        while len(_STEPS) > 16:
+            _STEPS.popitem(last=False)
+    return hit
+
+
+def _kv_work(lengths: np.ndarray, starts: np.ndarray, kv_bn: int, device: torch.device) -> torch.Tensor:
+    """Rows of the dK / dV launch (sample start token, first key, length), heaviest first; once per lengths."""
+    key = (lengths.tobytes(), kv_bn, str(device))  # once per step shape
+    if key not in _WORK:
+        blocks = (lengths + kv_bn - 1) // kv_bn
+        s = np.repeat(np.arange(len(lengths)), blocks)
+        k0 = (np.arange(len(s)) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * kv_bn
+        work = np.stack([starts[s], k0, lengths[s]], axis=1)
+        work = work[np.argsort(-(work[:, 2] - work[:, 1]), kind="stable")]
+        _WORK[key] = _upload(work.reshape(-1, 3), device)
+        while len(_WORK) > 16:
+            _WORK.popitem(last=False)
+    return _WORK[key]
 
 
 class AttentionCache:
-    """State of one layout run: the logical K / V store, FP32 dK / dV and the fold over query tokens."""
+    """State of one layer over one step: the logical K / V (and Q, dO, lse, delta) stores and FP32 dK / dV.
 
-    def __init__(self, lengths: Sequence[int], heads: int, head_dim: int, device,
-                 config: AttnConfig | None = None) -> None:
+    ``dk`` / ``dv``: optional FP32 [T, kv_heads, d] accumulators (main grads) the fold adds to; zero otherwise.
+    """
+
+    def __init__(self, lengths: Sequence[int], heads: int, head_dim: int, device, *, kv_heads: int | None = None,
+                 config: AttnConfig | None = None, dk: torch.Tensor | None = None,
+                 dv: torch.Tensor | None = None) -> None:
         self.config = DEFAULT_CONFIG if config is None else config
-        self.lengths = np.asarray(list(lengths), dtype=np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(self.lengths)])[:-1].astype(np.int64)
+        self.lengths, self.starts, self.total, lengths_key = _step(tuple(int(n) for n in lengths))
         self.heads, self.head_dim = int(heads), int(head_dim)
+        self.kv_heads = self.heads if kv_heads is None else int(kv_heads)
+        if self.kv_heads <= 0 or self.heads % self.kv_heads:
+            raise ValueError(f"attention: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}; "
+                             "use kv_heads that divides heads")
+        self.group = self.heads // self.kv_heads
         self.device = torch.device(device)
-        total = int(self.lengths.sum())
-        shape = (total, self.heads, self.head_dim)
-        self.k = torch.zeros(shape, dtype=torch.bfloat16, device=self.device)
-        self.v = torch.zeros(shape, dtype=torch.bfloat16, device=self.device)
-        self.dk = torch.zeros(shape, dtype=torch.float32, device=self.device)
-        self.dv = torch.zeros(shape, dtype=torch.float32, device=self.device)
-        self.fold = CanonicalFold(torch.zeros(1, dtype=torch.float32, device=self.device), self.lengths,
-                                  self.config.tile)
-        self._written = np.zeros(total, dtype=bool)
+        self._key = (lengths_key, self.config, self.group, str(self.device))
+        shape_kv = (self.total, self.kv_heads, self.head_dim)
+        for name, acc in (("dk", dk), ("dv", dv)):
+            if acc is not None and (acc.dtype != torch.float32 or tuple(acc.shape) != shape_kv
+                                    or not acc.is_contiguous() or acc.device != self.device):
+                raise ValueError(f"attention: {name} must be a contiguous float32 tensor {shape_kv} on {self.device}")
+        if (dk is None) != (dv is None):
+            raise ValueError("attention: pass both dk and dv accumulators, or neither")
+        self.dk, self.dv = dk, dv
+        self._load_acc = dk is not None
+        self.fold = _QueryFold(self.lengths, self.total, self.config.tile)
+        self._extent = np.zeros(len(self.lengths), dtype=np.int64)  # positions [0, extent) of a sample are written
+        self._mode: str | None = None                               # "alias" or "store", fixed by the first call
+        self.k = self.v = self.q = self.do = None
+        self.lse = torch.empty((self.heads, self.total), dtype=torch.float32, device=self.device)
+        self.delta: torch.Tensor | None = None
 
-    def write(self, order: np.ndarray, s_sorted: np.ndarray, p_sorted: np.ndarray, k: torch.Tensor,
-              v: torch.Tensor) -> None:
-        """Store this call's real K / V rows; refuse a query whose earlier keys were never written."""
-        if len(order) == 0:
+    # -- plans and bookkeeping (host, O(runs) per call) ---------------------------------------------------------
+    def plan(self, rows: RowIdentity) -> _Plan:
+        """The call's plan, built once per RowIdentity object and config (every layer of a step reuses it)."""
+        key = (id(rows), self._key)
+        hit = _PLANS.get(key)
+        if hit is not None and hit[0] is rows:
+            _PLANS.move_to_end(key)
+            return hit[1]
+        plan = _build_plan(rows, self.lengths, self.starts, self.config, self.group, self.device)
+        _PLANS[key] = (rows, plan)  # holding rows keeps its id from being reused while the entry lives
+        while len(_PLANS) > _PLAN_SLOTS:
+            _PLANS.popitem(last=False)
+        return plan
+
+    def mark(self) -> np.ndarray:
+        """Host state of the store (how far each sample is written): ``rewind`` to it to redo later calls."""
+        if self._mode == "alias":
+            raise ValueError("attention: a cache whose one call held every token cannot be rewound")
+        return self._extent.copy()
+
+    def rewind(self, mark: np.ndarray) -> None:
+        """Forget the tokens written after ``mark`` (they are written again by the next calls; forward only)."""
+        if self.fold.tokens_in:
+            raise ValueError("attention: cannot rewind a cache whose backward has started")
+        self._extent = np.asarray(mark, dtype=np.int64).copy()
+
+    def _check_writes(self, plan: _Plan) -> None:
+        """Each sample's rows of the call continue exactly where its written positions end (no gap, no rewrite)."""
+        if plan.n_real == 0:
             return
-        if (p_sorted >= self.lengths[s_sorted]).any() or (p_sorted < 0).any():
-            raise ValueError("attention: a row's position lies outside its sample")
-        tok = self.starts[s_sorted] + p_sorted
-        if self._written[tok].any():
-            raise ValueError("attention: a token's K / V was written twice")
-        n = len(tok)
-        if tok[-1] - tok[0] == n - 1 and order[-1] - order[0] == n - 1 and (np.diff(tok) == 1).all() \
-                and (np.diff(order) == 1).all():  # rows already in logical order: a plain slice copy
-            t0, o0 = int(tok[0]), int(order[0])
-            self.k[t0:t0 + n].copy_(k[o0:o0 + n])
-            self.v[t0:t0 + n].copy_(v[o0:o0 + n])
-        else:
-            idx = torch.as_tensor(tok, device=self.device)
-            src = torch.as_tensor(order, device=self.device)
-            self.k.index_copy_(0, idx, k.index_select(0, src).to(torch.bfloat16))
-            self.v.index_copy_(0, idx, v.index_select(0, src).to(torch.bfloat16))
-        self._written[tok] = True
-        last = np.concatenate([np.flatnonzero(np.diff(s_sorted)), [len(s_sorted) - 1]])
-        for s, p in zip(s_sorted[last], p_sorted[last]):
-            lo = int(self.starts[s])
-            if not self._written[lo:lo + int(p) + 1].all():
-                raise ValueError(f"attention: sample {int(s)} queries position {int(p)} but some earlier "
-                                 "keys were never written (calls of a sample must come in position order)")
+        written = self._extent[plan.chain_sample]
+        bad = written != plan.chain_first
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            s, p = int(plan.chain_sample[i]), int(plan.chain_first[i])
+            if p < written[i]:
+                raise ValueError(f"attention: sample {s} position {p}: a token's K / V was written twice")
+            raise ValueError(f"attention: sample {s} queries position {p} but some earlier keys were never written "
+                             "(calls of a sample must come in position order)")
+        self._extent[plan.chain_sample] = plan.chain_end
+
+    def _store(self, shape_row: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        return torch.empty((self.total, *shape_row), dtype=like.dtype, device=self.device)
+
+    def _write(self, plan: _Plan, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None) -> None:
+        """Put the call's K / V (and Q when a backward will follow) where the kernels read them."""
+        if plan.n_real == 0:  # a call of pads and fillers only: nothing to keep, and it decides nothing
+            return
+        if self._mode is None:
+            self._mode = "alias" if plan.full else "store"
+        if self._mode == "alias":
+            if self.k is not None:  # unreachable: the one call held every token, so _check_writes refused this one
+                raise ValueError("attention: a cache whose one call held every token takes no other call")
+            self.k, self.v, self.q = k, v, q
+            return
+        if self.k is None:
+            self.k, self.v = self._store(k.shape[1:], k), self._store(v.shape[1:], v)
+        _scatter(plan, (k, self.k), (v, self.v))
+        if q is not None:
+            if self.q is None:
+                self.q = self._store(q.shape[1:], q)
+            _scatter(plan, (q, self.q))
+
+    def _write_do(self, plan: _Plan, do: torch.Tensor) -> None:
+        if plan.n_real == 0:
+            return
+        if self._mode == "alias":
+            self.do = do
+            return
+        if self.do is None:
+            self.do = self._store(do.shape[1:], do)
+        _scatter(plan, (do, self.do))
+
+    def _backward_done(self, plan: _Plan) -> None:
+        """Count the call's tokens into the fold; the call that completes the step launches dK / dV."""
+        self.fold.tokens_in += plan.n_real
+        if self.fold.tokens_in > self.total:
+            raise ValueError("attention: a token's backward ran twice")
+        if self.fold.tokens_in == self.total and not self.fold.done:
+            _launch_dkdv(self)
+            self.fold.done = True
+            self.q = self.do = None  # the fold read them; K / V stay (a cache may still be read)
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Check that every query tile was folded; return FP32 dK, dV [T_total, heads, d] (logical order)."""
-        self.fold.finish()
+        """FP32 dK, dV [T_total, kv_heads, d] (logical order); raises if some token never had its backward."""
+        if not self.fold.done:
+            if self.total:
+                missing = self.total - self.fold.tokens_in
+                raise ValueError(f"attention: {missing} tokens never reached the backward, so the dK / dV fold "
+                                 "over canonical query tiles never completed")
+            _launch_dkdv(self)
+            self.fold.done = True
         return self.dk, self.dv
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdentity,
-             cache: AttentionCache) -> tuple[torch.Tensor, torch.Tensor, _Groups, _Groups]:
-    cfg = cache.config
-    n_rows, heads, dim = q.shape
-    order, s_sorted, p_sorted = _sorted_rows(rows)
-    cache.write(order, s_sorted, p_sorted, k, v)
-    fwd = _groups(order, s_sorted, p_sorted, cache.starts, cfg.bm, q.device)
-    dqg = fwd if cfg.dq_bm == cfg.bm else _groups(order, s_sorted, p_sorted, cache.starts, cfg.dq_bm, q.device)
-    o = torch.zeros_like(q)
-    lse = torch.zeros((n_rows, heads), dtype=torch.float32, device=q.device)
-    qk_scale = LOG2E / math.sqrt(dim)
-    for prog, hi in fwd.launches(cfg.bn) if heads else []:
-        _fwd_kernel[(prog.shape[0], heads)](
-            q, cache.k, cache.v, o, lse, prog, fwd.row, fwd.pos, heads, dim, qk_scale, HI=hi, BM=cfg.bm,
-            BN=cfg.bn, DP=pow2(max(dim, 16)), STAGES=cfg.fwd_stages, UPCAST=INTERPRET, num_warps=cfg.fwd_warps)
-    return o, lse, fwd, dqg
-
-
-def _delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
-    n_rows, heads, dim = o.shape
-    delta = torch.zeros((n_rows, heads), dtype=torch.float32, device=o.device)
-    flat = n_rows * heads
-    if flat:
-        rows_per = 16
-        _delta_kernel[(triton.cdiv(flat, rows_per),)](o, do, delta, flat, dim, ROWS=rows_per, DP=pow2(dim),
-                                                      num_warps=4)
-    return delta
-
-
-def _kv_work(fold: CanonicalFold, step: FoldStep, starts: np.ndarray, kv_bn: int) -> np.ndarray:
-    """Work rows of the dK / dV kernel for one fold step (see ``_dkdv_kernel``), heaviest first."""
-    tile = fold.tile
-    lengths = fold.lengths
-    base = np.concatenate([[0], np.cumsum((lengths + tile - 1) // tile)])
-    tiles = step.first_tile + np.arange(step.num_tiles)
-    s_of = np.searchsorted(base, tiles, side="right") - 1
-    k_in = tiles - base[s_of]
-    seg_first = np.concatenate([[0], np.flatnonzero(np.diff(s_of)) + 1])
-    seg_end = np.concatenate([seg_first[1:], [len(tiles)]])
-    out = []
-    for lo, hi in zip(seg_first, seg_end):
-        s = int(s_of[lo])
-        n = int(lengths[s])
-        maxpos = min(n, int(k_in[hi - 1] + 1) * tile) - 1
-        j = np.arange(maxpos // kv_bn + 1)
-        t_start = np.maximum(lo, lo + (j * kv_bn) // tile - int(k_in[lo]))
-        keep = t_start < hi
-        j, t_start = j[keep], t_start[keep]
-        out.append(np.stack([starts[s] + j * kv_bn, np.minimum(kv_bn, n - j * kv_bn), j * kv_bn, t_start,
-                             np.full_like(j, hi), k_in[t_start] * tile], axis=1))
-    work = np.concatenate(out) if out else np.zeros((0, 6), dtype=np.int64)
-    return work[np.argsort(-(work[:, 4] - work[:, 3]), kind="stable")]
-
-
-def _launch_dkdv(cache: AttentionCache, step: FoldStep) -> None:
-    """Fold one step's canonical query tiles into cache.dk / cache.dv (in place, tile order)."""
-    if step.num_tiles == 0:
+def _scatter(plan: _Plan, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """dst[token] = src[row] for every real row of the call (one launch for one or two equal-shaped pairs)."""
+    if plan.n_real == 0:
         return
-    cfg = cache.config
-    work = _kv_work(cache.fold, step, cache.starts, cfg.kv_bn)
-    if len(work) == 0 or cache.heads == 0:
-        return
-    q_src, do_src, lse_src, delta_src = step.tensors
-    dim = cache.head_dim
-    sm_scale = 1.0 / math.sqrt(dim)
-    work_dev = _upload(work, q_src.device)
-    n_tiles = work[:, 4] - work[:, 3]  # descending
-    if INTERPRET:  # one launch per tile count (the interpreter's loop bound is a constexpr)
-        cuts = np.concatenate([[0], np.flatnonzero(np.diff(n_tiles)) + 1, [len(work)]])
-        launches = [(work_dev[a:b], int(n_tiles[a])) for a, b in itertools.pairwise(cuts)]
-    else:
-        launches = [(work_dev, 0)]
-    for rows_w, hi in launches:
-        _dkdv_kernel[(rows_w.shape[0], cache.heads)](
-            q_src, do_src, lse_src, delta_src, cache.k, cache.v, cache.dk, cache.dv, step.plan, rows_w,
-            cache.heads, dim, sm_scale * LOG2E, sm_scale, HI=hi, BN=cfg.kv_bn, TILE=cfg.tile,
-            DP=pow2(max(dim, 16)), STAGES=cfg.kv_stages, UPCAST=INTERPRET, num_warps=cfg.kv_warps)
+    (src_a, dst_a), (src_b, dst_b) = pairs[0], pairs[-1]
+    row = int(np.prod(src_a.shape[1:]))
+    rows_per = max(1, min(16, 8192 // pow2(row)))
+    _scatter_kernel[(triton.cdiv(plan.n_real, rows_per),)](
+        src_a, dst_a, src_b, dst_b, plan.rows, plan.toks, plan.n_real, ROW=row, ROWP=pow2(row), BR=rows_per,
+        TWO=len(pairs) == 2, num_warps=4)
 
 
-def _backward(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, rows: RowIdentity,
-              cache: AttentionCache, dqg: _Groups, need_dq: bool) -> torch.Tensor | None:
+def _launch_rows(kernel, progs: _Programs, cache: AttentionCache, args: tuple, warps: int, **const) -> None:
+    """Launch a row kernel over its prefill programs (one per query head) and decode programs (one per K/V head).
+    Heads are grid axis 0: CTAs go out longest program first across every head (the tables are sorted)."""
+    for table, pack, heads in ((progs.single, 1, cache.heads), (progs.packed, cache.group, cache.kv_heads)):
+        if table.shape[0]:
+            kernel[(heads, table.shape[0])](*args[:-1], table, pack, cache.heads, cache.kv_heads, cache.total,
+                                            *args[-1], G=cache.group, D=cache.head_dim,
+                                            DP=pow2(max(cache.head_dim, 16)), PORTABLE=INTERPRET, num_warps=warps,
+                                            **const)
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdentity, cache: AttentionCache,
+             need_grad: bool) -> tuple[torch.Tensor, _Plan]:
     cfg = cache.config
-    _, heads, dim = q.shape
+    plan = cache.plan(rows)
+    if plan.n_real and cache.fold.done:
+        raise ValueError("attention: this cache's dK / dV fold is complete; make a new AttentionCache per step")
+    cache._check_writes(plan)
+    cache._write(plan, k, v, q if need_grad else None)
+    o = torch.zeros_like(q) if plan.has_pads else torch.empty_like(q)
+    qk_scale = LOG2E / math.sqrt(cache.head_dim)
+    _launch_rows(_fwd_kernel, plan.fwd, cache, (q, cache.k, cache.v, o, cache.lse, (qk_scale,)), cfg.fwd_warps,
+                 BM=cfg.bm, BN=cfg.bn, STAGES=cfg.fwd_stages, SPLIT=cfg.split, ROWSUM_DOT=cfg.rowsum_dot)
+    return o, plan
+
+
+def _backward(q: torch.Tensor, o: torch.Tensor, do: torch.Tensor, plan: _Plan, cache: AttentionCache) -> torch.Tensor:
+    cfg = cache.config
     do = do.contiguous()
-    delta = _delta(o, do)
-    dq = None
-    if need_dq:
-        dq = torch.zeros_like(q)
-        sm_scale = 1.0 / math.sqrt(dim)
-        for prog, hi in dqg.launches(cfg.dq_bn) if heads else []:
-            _dq_kernel[(prog.shape[0], heads)](
-                q, cache.k, cache.v, do, lse, delta, dq, prog, dqg.row, dqg.pos, heads, dim, sm_scale * LOG2E,
-                sm_scale, HI=hi, BM=cfg.dq_bm, BN=cfg.dq_bn, DP=pow2(max(dim, 16)), STAGES=cfg.dq_stages,
-                UPCAST=INTERPRET, num_warps=cfg.dq_warps)
-    step = cache.fold.take(rows, (q, do, lse, delta))
-    _launch_dkdv(cache, step)
+    if do.dtype != o.dtype:
+        raise ValueError(f"attention: the upstream gradient must be {o.dtype}, got {do.dtype}")
+    if cache.delta is None:
+        cache.delta = torch.empty((cache.heads, cache.total), dtype=torch.float32, device=cache.device)
+    dq = torch.zeros_like(q) if plan.has_pads else torch.empty_like(q)
+    sm_scale = 1.0 / math.sqrt(cache.head_dim)
+    _launch_rows(_dq_kernel, plan.dq, cache, (q, cache.k, cache.v, o, do, dq, cache.lse, cache.delta,
+                                              (sm_scale * LOG2E, sm_scale)),
+                 cfg.dq_warps, BM=cfg.dq_bm, BN=cfg.dq_bn, STAGES=cfg.dq_stages, SPLIT=cfg.split,
+                 EXACT_DELTA=cfg.fp32_grads)
+    cache._write_do(plan, do)
+    cache._backward_done(plan)
     return dq
+
+
+def _launch_dkdv(cache: AttentionCache) -> None:
+    """Fold every canonical query tile into dK / dV (one launch, after the step's last backward)."""
+    cfg = cache.config
+    shape = (cache.total, cache.kv_heads, cache.head_dim)
+    if cache.dk is None:  # no accumulator handed in: the kernel starts from zero (same bits as loading zeros)
+        cache.dk = torch.empty(shape, dtype=torch.float32, device=cache.device)
+        cache.dv = torch.empty(shape, dtype=torch.float32, device=cache.device)
+    if cache.total == 0:
+        return
+    work = _kv_work(cache.lengths, cache.starts, cfg.kv_bn, cache.device)
+    sm_scale = 1.0 / math.sqrt(cache.head_dim)
+    _dkdv_kernel[(cache.kv_heads, work.shape[0])](
+        cache.k, cache.v, cache.q, cache.do, cache.lse, cache.delta, cache.dk, cache.dv, work, cache.heads,
+        cache.kv_heads, cache.total, sm_scale * LOG2E, sm_scale, G=cache.group, D=cache.head_dim,
+        DP=pow2(max(cache.head_dim, 16)), BN=cfg.kv_bn, TILE=cfg.tile, STAGES=cfg.kv_stages,
+        LOAD_ACC=cache._load_acc, FP32_GRADS=cfg.fp32_grads, PORTABLE=INTERPRET, num_warps=cfg.kv_warps)
 
 
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rows, cache):  # type: ignore[override]
-        o, lse, _, dqg = _forward(q, k, v, rows, cache)
-        ctx.save_for_backward(q, o, lse)
-        ctx.rows, ctx.cache, ctx.dqg = rows, cache, dqg
+        o, plan = _forward(q, k, v, rows, cache, need_grad=True)
+        ctx.save_for_backward(q, o)
+        ctx.plan, ctx.cache = plan, cache
         return o
 
     @staticmethod
     def backward(ctx, do):  # type: ignore[override]
-        q, o, lse = ctx.saved_tensors
-        dq = _backward(q, o, lse, do, ctx.rows, ctx.cache, ctx.dqg, ctx.needs_input_grad[0])
-        return dq, None, None, None, None  # dK / dV live in cache.dk / cache.dv (folded)
+        q, o = ctx.saved_tensors
+        dq = _backward(q, o, do, ctx.plan, ctx.cache)
+        return (dq if ctx.needs_input_grad[0] else None), None, None, None, None  # dK / dV: cache.finish()
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdentity,
               cache: AttentionCache) -> torch.Tensor:
-    """Causal attention of one call's rows [R, heads, d] (bf16) over their samples' keys in the cache.
+    """Causal attention of one call's rows (q [R, heads, d], k / v [R, kv_heads, d], bf16) over their samples'
+    keys so far: this call's and every earlier call's, through the cache.
 
-    Differentiable wrt q; k / v gradients are folded into ``cache.dk`` / ``cache.dv`` (autograd gives None).
-    Pad / filler rows (sample -1) output zeros and touch neither the store nor the gradients.
+    Differentiable wrt q; k / v gradients are folded into ``cache.dk`` / ``cache.dv`` (autograd gives None) once
+    every token of the step has had its backward (``cache.finish()``). Pad and filler rows (sample < 0) output
+    zeros and touch neither the store nor the gradients.
     """
-    if q.dim() != 3 or k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"attention: q, k, v must be [R, heads, d] of one shape, got {tuple(q.shape)}, "
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError(f"attention: q [R, heads, d] and k, v [R, kv_heads, d] expected, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[1:] != (cache.heads, cache.head_dim):
-        raise ValueError(f"attention: rows have [heads, d] = {tuple(q.shape[1:])}, the cache "
-                         f"{(cache.heads, cache.head_dim)}")
+    if (q.shape[1], k.shape[1], q.shape[2]) != (cache.heads, cache.kv_heads, cache.head_dim):
+        raise ValueError(f"attention: rows have heads, kv_heads, d = {(q.shape[1], k.shape[1], q.shape[2])}, the "
+                         f"cache {(cache.heads, cache.kv_heads, cache.head_dim)}")
     if rows.num_rows != q.shape[0]:
         raise ValueError(f"attention: {rows.num_rows} row identities for {q.shape[0]} rows")
-    if q.dtype != torch.bfloat16:
-        raise ValueError(f"attention: q must be bfloat16, got {q.dtype}")
-    return _AttentionFn.apply(q.contiguous(), k.contiguous(), v.contiguous(), rows, cache)
+    if any(t.dtype != torch.bfloat16 for t in (q, k, v)):
+        raise ValueError(f"attention: q, k, v must be bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _AttentionFn.apply(q, k, v, rows, cache)
+    return _forward(q, k, v, rows, cache, need_grad=False)[0]

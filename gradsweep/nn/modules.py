@@ -1,0 +1,255 @@
+"""Thin modules over one family's kernels: Embedding, RMSNorm, QKNorm, Linear, RoPE, Attention, SwiGLUMLP,
+LinearLogp.
+
+Each module is built for one family: ``"triton"`` or ``"cuda"`` (the batch-invariant kernels, through the
+custom ops of ``gradsweep.nn.ops``; weight gradients go into the context's folds) or ``"torch"`` (stock
+PyTorch ops in the activations' dtype, weight gradients through autograd: the status quo, so the same model
+code runs both). A module holds a ``WeightRef`` (a model's weight table, a name, and a layer for weights stored
+stacked per layer) and reads rows, folds and caches from the ``ChainContext`` it is called with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gradsweep.nn import ops
+from gradsweep.nn.context import ChainContext
+from gradsweep.nn.kernels import KERNEL_FAMILIES
+
+FAMILIES = ("torch", *KERNEL_FAMILIES)
+
+
+def check_family(family: str) -> str:
+    if family not in FAMILIES:
+        raise ValueError(f"family {family!r}: use one of {', '.join(FAMILIES)}")
+    return family
+
+
+class WeightRef:
+    """A module's weight: ``table[name]``, or its ``layer``-th slice when the weight is stored stacked."""
+
+    def __init__(self, table: MutableMapping[str, Tensor], name: str, layer: int | None = None) -> None:
+        self.table, self.name, self.layer = table, name, layer
+
+    def get(self) -> Tensor:
+        w = self.table[self.name]
+        return w if self.layer is None else w[self.layer]
+
+    @property
+    def slot(self) -> int:
+        """The layer as a custom-op argument (-1: not a per-layer weight)."""
+        return -1 if self.layer is None else self.layer
+
+
+def _grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+class _Module(nn.Module):
+    def __init__(self, family: str) -> None:
+        super().__init__()
+        self.family = check_family(family)
+
+    @property
+    def stock(self) -> bool:
+        return self.family == "torch"
+
+    def extra_repr(self) -> str:
+        return f"family={self.family}"
+
+
+class _Weighted(_Module):
+    def __init__(self, family: str, weight: WeightRef) -> None:
+        super().__init__(family)
+        self.weight = weight
+
+    def _fold_args(self, ctx: ChainContext, grad: bool) -> tuple[int, str, int, bool]:
+        """Where the kernel finds its fold: the context, the weight's name and layer; and whether to record."""
+        return ctx.id, self.weight.name, self.weight.slot, grad
+
+
+class Embedding(_Weighted):
+    """Token ids [R] -> rows of the table [R, hidden]; dweight folded per vocabulary row in canonical order."""
+
+    def forward(self, ids: Tensor, ctx: ChainContext) -> Tensor:
+        w = self.weight.get()
+        if self.stock:
+            return F.embedding(ids, w)
+        return ops.embedding(self.family, ids, w, *self._fold_args(ctx, _grad(w)))[0]
+
+
+def stock_rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """Hugging Face's Qwen3RMSNorm: normalise in FP32, round to the activation dtype, then scale."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class RMSNorm(_Weighted):
+    """RMSNorm over the last dimension of x [R, hidden]."""
+
+    def __init__(self, family: str, weight: WeightRef, eps: float) -> None:
+        super().__init__(family, weight)
+        self.eps = float(eps)
+
+    def forward(self, x: Tensor, ctx: ChainContext) -> Tensor:
+        w = self.weight.get()
+        if self.stock:
+            return stock_rms_norm(x, w, self.eps)
+        return ops.rms_norm(self.family, x, w, self.eps, *self._fold_args(ctx, _grad(x, w)))[0]
+
+
+class QKNorm(RMSNorm):
+    """RMSNorm of each head of x [R, heads, head_dim] over head_dim (one weight shared by the heads)."""
+
+    def forward(self, x: Tensor, ctx: ChainContext) -> Tensor:
+        w = self.weight.get()
+        if self.stock:
+            return stock_rms_norm(x, w, self.eps)
+        return ops.qk_norm(self.family, x, w, self.eps, *self._fold_args(ctx, _grad(x, w)))[0]
+
+
+class Linear(_Weighted):
+    """y = x @ W^T (no bias); dW folded over canonical token tiles."""
+
+    def forward(self, x: Tensor, ctx: ChainContext) -> Tensor:
+        w = self.weight.get()
+        if self.stock:
+            return F.linear(x, w)
+        return ops.linear(self.family, x, w, *self._fold_args(ctx, _grad(x, w)))[0]
+
+
+class LinearLogp(_Weighted):
+    """Selected-token log-prob of ``targets`` under logits = h @ W^T, FP32 [R] (the kernel never
+    materialises [R, vocab]; stock computes bf16 logits, then an FP32 log_softmax)."""
+
+    def forward(self, h: Tensor, targets: Tensor, ctx: ChainContext) -> Tensor:
+        w = self.weight.get()
+        if self.stock:
+            logits = F.linear(h, w)
+            return torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None])[:, 0]
+        return ops.linear_logp(self.family, h, w, targets, *self._fold_args(ctx, _grad(h, w)))[0]
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Hugging Face's default RoPE tables: FP32 inverse frequencies and angles, cast to the activation dtype."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions.float()[:, None] * inv[None, :]
+    emb = torch.cat([freqs, freqs], -1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half_apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class RoPE(_Module):
+    """Rotate-half rotary embedding of x [R, heads, head_dim] at each row's absolute position."""
+
+    def __init__(self, family: str, head_dim: int, theta: float) -> None:
+        super().__init__(family)
+        self.head_dim, self.theta = int(head_dim), float(theta)
+
+    def forward(self, x: Tensor, ctx: ChainContext) -> Tensor:
+        if self.stock:
+            cos, sin = rope_cos_sin(ctx.positions, self.head_dim, self.theta, x.dtype)
+            return rotate_half_apply(x, cos, sin)
+        return ops.rope(self.family, x, ctx.positions, self.theta, ctx.id, _grad(x))[0]
+
+
+class Attention(_Module):
+    """Causal attention of each row over its sample's keys so far (earlier calls' keys through the layer's cache),
+    grouped-query: q [R, heads, d], k / v [R, kv_heads, d] with heads a multiple of kv_heads.
+
+    Kernel families: the batch-invariant kernel; in layerwise mode this is the graph cut where the step's
+    backward waits for every call (see ``layerwise.py``). Stock: SDPA per sample over a tensor KV cache that
+    stays in the autograd graph (what a trainer gets from PyTorch today).
+    """
+
+    def __init__(self, family: str, layer: int) -> None:
+        super().__init__(family)
+        self.layer = int(layer)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, ctx: ChainContext) -> Tensor:
+        if self.stock:
+            return self._stock(q, k, v, ctx)
+        if ctx.recording:
+            from gradsweep.nn.layerwise import AttentionCut
+
+            call = ops.attention_call(ctx, self.family, self.layer, q, k, v, grad=True)
+            leaf = call.o.detach().requires_grad_(True)
+            ctx.current.cuts.append(AttentionCut((q, k, v), call, leaf))
+            return leaf
+        return ops.attention(self.family, q, k, v, ctx.id, self.layer, _grad(q, k, v))[0]
+
+    def _stock(self, q: Tensor, k: Tensor, v: Tensor, ctx: ChainContext) -> Tensor:
+        cache: dict[int, tuple[Tensor, Tensor]] = ctx.state.setdefault(f"kv{self.layer}", {})
+        sample, position = ctx.rows.sample, ctx.rows.position
+        out = torch.zeros_like(q)
+        for s in torch.unique(sample[sample >= 0]).tolist():
+            idx = torch.nonzero(sample == s)[:, 0]
+            idx = idx[torch.argsort(position[idx])]
+            pos = position[idx].to(q.device)
+            dev_idx = idx.to(q.device)
+            past_k, past_v = cache.get(s, (k[:0], v[:0]))
+            if past_k.shape[0] != int(position[idx[0]]):
+                raise ValueError(f"attention: sample {s} starts at position {int(position[idx[0]])} with "
+                                 f"{past_k.shape[0]} cached keys (calls of a sample must come in position order)")
+            keys, vals = torch.cat([past_k, k[dev_idx]]), torch.cat([past_v, v[dev_idx]])
+            cache[s] = (keys, vals)
+            qs, ks, vs = (t.transpose(0, 1)[None] for t in (q[dev_idx], keys, vals))
+            if past_k.shape[0] == 0:
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            else:
+                key_pos = torch.arange(keys.shape[0], device=q.device)
+                mask = key_pos[None, :] <= pos[:, None]
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+            out = out.index_put((dev_idx,), o[0].transpose(0, 1))
+        return out
+
+
+class _FanOut(torch.autograd.Function):
+    """One activation read by several modules; its gradient is their sum in a fixed order, in FP32, rounded
+    once (autograd would add them in whatever order its scheduler reaches the readers)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, n: int):  # type: ignore[override]
+        ctx.dtype = x.dtype
+        return tuple(x.view_as(x) for _ in range(n))
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        acc = None
+        for g in grads:
+            if g is not None:
+                acc = g.float() if acc is None else acc + g.float()
+        return (None if acc is None else acc.to(ctx.dtype)), None
+
+
+def fan_out(x: Tensor, n: int, family: str) -> tuple[Tensor, ...]:
+    """``n`` readers of ``x``: stock torch lets autograd sum their gradients; kernel families sum in fixed order."""
+    if family == "torch" or not x.requires_grad:
+        return (x,) * n
+    return _FanOut.apply(x, n)
+
+
+class SwiGLUMLP(_Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, family: str, gate: WeightRef, up: WeightRef, down: WeightRef) -> None:
+        super().__init__(family)
+        self.gate, self.up, self.down = Linear(family, gate), Linear(family, up), Linear(family, down)
+
+    def forward(self, x: Tensor, ctx: ChainContext) -> Tensor:
+        xg, xu = fan_out(x, 2, self.family)
+        g, u = self.gate(xg, ctx), self.up(xu, ctx)
+        if self.stock:
+            a = F.silu(g) * u
+        else:
+            a = ops.swiglu(self.family, g, u, ctx.id, _grad(g, u))[0]
+        return self.down(a, ctx)
