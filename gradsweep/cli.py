@@ -416,7 +416,7 @@ def verify(
     stale = stale_checks(result.checks, allow_other_build)
     if stale:
         hint = "; on another machine with its own build, --allow-other-build accepts the extension only" \
-            if all(c.name == "extension" for c in stale) else "; rerun the sweep"
+            if all(c.name == "extension" for c in stale) else f"; rerun the {result.kind.replace('closeout', 'sweep')}"
         say("STALE: " + "; ".join(c.line() for c in stale) + hint)
         raise typer.Exit(0 if allow_stale else EXIT_STALE)
     console.print("fresh: every input of the verdicts matches this checkout", markup=False)

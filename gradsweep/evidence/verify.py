@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from securesystemslib.exceptions import VerificationError
 
@@ -30,10 +31,11 @@ class EvidenceError(ValueError):
 
 @dataclass(frozen=True)
 class VerifyReport:
-    predicate: Predicate
+    predicate: Predicate | Any  # a closeout Predicate, or gradsweep.bench's BenchPredicate (``kind`` says which)
     signers: list[Signer]
     checks: list[InputCheck] = field(default_factory=list)
     result_statement: str | None = None  # "PASSED"/"WARNED"/"FAILED" when a test-result file was checked
+    kind: str = "closeout"  # "closeout" (sweep, merge) or "bench"
 
 
 def _read(path: Path) -> bytes:
@@ -80,6 +82,12 @@ def _verified_payload(data: bytes, trusted: list[Signer], path: Path | str) -> t
     return envelope.payload, [by_id[k] for k in accepted]
 
 
+def verified_payload(data: bytes, trusted: list[Signer], path: Path | str) -> tuple[bytes, list[Signer]]:
+    """The payload of envelope bytes whose signature verifies against a trusted key, and who signed it (readers
+    of other statement types, e.g. bench evidence, share the same trust rules)."""
+    return _verified_payload(data, trusted, path)
+
+
 def check_signature_bytes(data: bytes, trusted: list[Signer], path: Path | str = "<bytes>",
                           ) -> tuple[Predicate, list[Signer]]:
     """``check_signature`` on the file's bytes."""
@@ -112,6 +120,12 @@ def check_result_file(evidence: Path, pred: Predicate, trusted: list[Signer]) ->
 
 def verify_evidence(path: Path, trusted: list[Signer], tree: Path | None = None) -> VerifyReport:
     """Signature first (raises EvidenceError), then every verdict input against the checkout at ``tree``."""
+    from gradsweep.bench.evidence import bench_inputs, check_bench_signature, is_bench_evidence
+
+    if is_bench_evidence(path):
+        bench, who = check_bench_signature(path, trusted)
+        return VerifyReport(predicate=bench, signers=who, checks=bench_inputs(bench, (tree or repo_root()).resolve(),
+                                                                              path), kind="bench")
     predicate, signers = check_signature(path, trusted)
     result = check_result_file(path, predicate, trusted)
     checks = check_inputs(predicate, (tree or repo_root()).resolve())

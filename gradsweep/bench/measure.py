@@ -1,0 +1,196 @@
+"""Run one case: time every reference and every family, check the families' results, evaluate the targets.
+
+A failed check or an exception in a family's or baseline's run is recorded on the case and fails the run (exit
+1); nothing is swallowed: the record carries the exception's type and message, and the table shows it. An
+anchor (third-party code) that raises is recorded the same way but does not fail the run: it is not ours.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from gradsweep.bench.baselines import Reference, anchor_status
+from gradsweep.bench.cases import MEASURED, Case
+from gradsweep.bench.catalog import RUNNERS
+from gradsweep.bench.ceilings import Ceilings
+from gradsweep.bench.checks import contract_check
+from gradsweep.bench.metrics import family_metrics, settle
+from gradsweep.bench.predicate import CaseRecord, CheckRecord, FamilyResult, ImplRecord, TargetResult
+from gradsweep.bench.subjects import OpSubject, Subject
+from gradsweep.bench.suite import HOST, Slot
+from gradsweep.bench.targets import Target
+from gradsweep.bench.timing import Timer
+from gradsweep.sweep.errors import one_line
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {one_line(exc)}"[:500]
+
+
+def _measure(label: str, kind: str, impl: str | None, get: Callable[[str], Reference | None], case: Case,
+             timer: Timer) -> ImplRecord:
+    record = ImplRecord(label=label, kind=kind, impl=impl)  # type: ignore[arg-type]
+    modes = MEASURED[case.phase]
+    e2e, kernels, peak = {}, {}, None
+    for mode in modes:
+        ref = get(mode)
+        if ref is None:
+            return record.model_copy(update={"status": "not_applicable",
+                                             "reason": f"{label} has no {mode} path for {case.op}"})
+        with ref.context():
+            e2e[mode] = timer.e2e(ref.calls)
+            kernels[mode] = timer.kernels(ref.calls)
+            if case.memory and mode == modes[-1]:
+                peak = timer.peak_extra_bytes(ref.calls[0])
+        del ref
+    record = record.model_copy(update={"e2e": e2e, "kernels": kernels, "peak_extra_bytes": peak})
+    return settle(record, case.phase)
+
+
+def _guarded(label: str, kind: str, impl: str | None, run: Callable[[], ImplRecord]) -> ImplRecord:
+    try:
+        return run()
+    except Exception as exc:  # recorded on the case and failing the run (anchors excepted): never hidden
+        _free()
+        return ImplRecord(label=label, kind=kind, impl=impl, status="error", reason=_error(exc))  # type: ignore[arg-type]
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _references(case: Case, subject: Subject, timer: Timer) -> dict[str, ImplRecord]:
+    out: dict[str, ImplRecord] = {}
+    for name in case.baselines:
+        out[name] = _guarded(name, "baseline", None,
+                             lambda n=name: _measure(n, "baseline", None, lambda m, n=n: subject.reference(n, m),
+                                                     case, timer))
+    for name in case.anchors:
+        status = anchor_status(name)
+        if not status.installed:
+            out[name] = ImplRecord(label=name, kind="anchor", status="absent", reason=status.reason)
+            continue
+        version = status.version
+        out[name] = _guarded(name, "anchor", version,
+                             lambda n=name, v=version: _measure(n, "anchor", v, lambda m, n=n: subject.reference(n, m),
+                                                                case, timer))
+    return out
+
+
+def _checks(case: Case, subject: Subject, slot: Slot, device: torch.device, contract: Path,
+            check_lengths: list[int], op_layouts: tuple[str, ...] | None) -> list[CheckRecord]:
+    out = []
+    if op_layouts is not None and "bn_chunked" not in op_layouts and case.runner == "op":
+        out.append(CheckRecord(name="timed data: split layouts", kind="bitwise", passed=True,
+                               detail=f"not applicable: {case.op} runs only whole-sample layouts"))
+    else:
+        record = subject.bitwise(slot.family)
+        if record is not None:
+            out.append(record)
+    if op_layouts is not None and slot.candidate is not None:
+        out.append(contract_check(case.op, slot.candidate, slot.profile, case.check_shape or case.shape,
+                                  check_lengths, case.check_layouts, device, contract))
+    return out
+
+
+def _targets(case: Case, family: str, metrics: dict[str, float], targets: list[Target],
+             references: dict[str, ImplRecord], status: str, why: str = "") -> list[TargetResult]:
+    out = []
+    for t in targets:
+        if not t.applies(case.op, case.name, family):
+            continue
+        value = metrics.get(t.metric)
+        reason = ""
+        if value is None:
+            ref = next((r for name, r in references.items() if t.metric.endswith(f"_vs_{name}")), None)
+            if why:
+                reason = why
+            elif ref is not None and ref.status != "ok":
+                reason = f"{ref.label} {ref.status}: {ref.reason}"
+            else:
+                reason = f"the family's run: {status}" if status != "ok" else "no such figure on this box"
+        out.append(TargetResult(metric=t.metric, sense=t.sense, bound=t.bound, issue=t.issue, note=t.note,  # type: ignore[arg-type]
+                                value=value, met=None if value is None else t.met_by(value), reason=reason))
+    return out
+
+
+def run_case(case: Case, slots: list[Slot], timer: Timer, device: torch.device, seed: int,
+             ceilings: Ceilings | None, targets: list[Target], contract: Path, check_lengths: list[int],
+             say: Callable[[str], None] = lambda s: None) -> CaseRecord:
+    """Every reference and family of one case, then the data is freed."""
+    from gradsweep.ops.registry import get_op
+
+    record = CaseRecord(id=case.id, op=case.op, name=case.name, title=case.title, phase=case.phase, grads=case.grads,
+                        runner=case.runner, shape=dict(case.shape), lengths=list(case.lengths), tokens=case.tokens,
+                        traffic_bytes=case.traffic_bytes(), flops=case.flop_count(), notes=case.notes)
+    spec = None if case.op == "fold_plan" else get_op(case.op)
+    runnable = {s.family: s.candidate for s in slots if s.candidate is not None}
+    families: dict[str, FamilyResult] = {}
+    for s in slots:
+        if s.candidate is None and s.family != HOST:
+            families[s.family] = FamilyResult(profile=s.profile, impl="-", status="blocked", reason=s.reason,
+                                              targets=_targets(case, s.family, {}, targets, {}, "blocked", s.reason))
+    if not runnable and not any(s.family == HOST for s in slots):
+        return record.model_copy(update={"families": families})
+    try:
+        subject: Subject = RUNNERS.get(case.runner, OpSubject)(case, spec, runnable, device, seed)
+    except Exception as exc:  # the data or the subject could not be built: every family of the case errors
+        _free()
+        for s in slots:
+            if s.family not in families:
+                families[s.family] = FamilyResult(profile=s.profile, impl=_impl(s), status="error", reason=_error(exc))
+        return record.model_copy(update={"families": families})
+    references = _references(case, subject, timer) if not case.host_only else {}
+    for s in slots:
+        if s.family in families:
+            continue
+        say(f"  {case.id} [{s.family}]")
+        families[s.family] = _family(case, s, subject, timer, device, ceilings, targets, contract, check_lengths,
+                                     references, None if spec is None else spec.layouts)
+    del subject
+    _free()
+    return record.model_copy(update={"references": references, "families": families})
+
+
+def _impl(slot: Slot) -> str:
+    if slot.candidate is not None:
+        return slot.candidate.impl_id
+    return "gradsweep.canonical.CanonicalFold" if slot.family == HOST else "-"
+
+
+def _family(case: Case, slot: Slot, subject: Subject, timer: Timer, device: torch.device, ceilings: Ceilings | None,
+            targets: list[Target], contract: Path, check_lengths: list[int], references: dict[str, ImplRecord],
+            op_layouts: tuple[str, ...] | None) -> FamilyResult:
+    impl = _impl(slot)
+    if case.host_only:
+        def host() -> ImplRecord:
+            fn, _calls = subject.host_step(slot.family)
+            return ImplRecord(label=slot.family, kind="family", impl=impl, host=timer.host(fn))  # type: ignore[arg-type]
+        measured = _guarded(slot.family, "family", impl, host)
+    else:
+        measured = _guarded(slot.family, "family", impl, lambda: _measure(
+            slot.family, "family", impl, lambda m: subject.family(slot.family, m), case, timer))
+    checks: list[CheckRecord] = []
+    status, reason = "ok", ""
+    if measured.status == "error":
+        status, reason = "error", measured.reason
+    else:
+        try:
+            checks = _checks(case, subject, slot, device, contract, check_lengths, op_layouts)
+        except Exception as exc:  # a check that cannot run fails the run like a failed check
+            status, reason = "error", f"check crashed: {_error(exc)}"
+            _free()
+        failed = [c for c in checks if not c.passed]
+        if failed and status == "ok":
+            status, reason = "check_failed", f"{failed[0].name}: {failed[0].detail}"
+    metrics = family_metrics(case, measured, references, ceilings) if measured.status == "ok" else {}
+    return FamilyResult(profile=slot.profile, impl=impl, status=status, reason=reason, measured=measured,  # type: ignore[arg-type]
+                        metrics=metrics, checks=checks,
+                        targets=_targets(case, slot.family, metrics, targets, references, status))
+

@@ -1,0 +1,250 @@
+"""How long a call takes, two ways, and how much memory it adds.
+
+- **end to end** (``e2e``): what a training step pays. Calls of the public function run back to back between
+  two CUDA events, the device synchronised before the first: host planning, uploads and launches overlap the
+  device as they do in a trainer, and whichever is slower sets the time. A sample batches enough calls to
+  last about ``sample_ms``; the timed loop rotates over the case's data copies (L2).
+- **kernels only** (``kernels``): the device busy time of the same calls, from the profiler: every device
+  activity (kernels, copies, memsets; annotations excluded), overlapping intervals merged, host gaps removed,
+  divided by the calls profiled. One sample per profiled round (``Budget.kernel_rounds``; a profiling session
+  costs far more than a short call, so the default is one round of ``kernel_calls`` calls).
+- **peak extra memory**: the allocator's peak during one call above what was allocated before it.
+
+Each timing is the median of its samples with the spread (quartiles, min, max). ``HostTimer`` is the CPU
+smoke's wall clock (no device, no kernels figure); tests plant their own timer with the same interface.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+Fn = Callable[[], object]
+_DEVICE_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+class Timing(BaseModel):
+    """Milliseconds per call: the median over ``samples`` samples of ``calls_per_sample`` calls each."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    min_ms: float
+    max_ms: float
+    samples: int
+    calls_per_sample: int
+
+    @staticmethod
+    def of(per_call_ms: Sequence[float], calls_per_sample: int) -> Timing:
+        values = sorted(float(v) for v in per_call_ms)
+        if not values:
+            raise ValueError("a timing needs at least one sample")
+        if len(values) >= 2:
+            q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+        else:
+            q1 = q3 = values[0]
+        return Timing(median_ms=statistics.median(values), q1_ms=q1, q3_ms=q3, min_ms=values[0],
+                      max_ms=values[-1], samples=len(values), calls_per_sample=calls_per_sample)
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range relative to the median (0.05: the middle half of the samples within 5%)."""
+        return (self.q3_ms - self.q1_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much timing each measurement gets."""
+
+    target_s: float = 0.15      # timed calls per measurement (after warm-up)
+    sample_ms: float = 2.0      # calls batched per e2e sample so that one sample lasts about this long
+    min_samples: int = 5
+    max_samples: int = 30
+    warmup: int = 2             # untimed calls first (compilation, autotuning, allocator)
+    kernel_rounds: int = 1      # profiled rounds (one kernels sample each)
+    kernel_calls: int = 4       # calls per profiled round (at least one per data copy)
+
+    @staticmethod
+    def quick() -> Budget:
+        return Budget(target_s=0.03, sample_ms=1.0, min_samples=3, max_samples=5, warmup=1, kernel_rounds=1,
+                      kernel_calls=2)
+
+
+class Timer(Protocol):
+    """What the suite needs from a clock (``kind`` names it in the evidence)."""
+
+    kind: str
+
+    def e2e(self, calls: Sequence[Fn]) -> Timing: ...
+
+    def kernels(self, calls: Sequence[Fn]) -> Timing | None: ...
+
+    def host(self, fn: Fn) -> Timing: ...
+
+    def peak_extra_bytes(self, fn: Fn) -> int | None: ...
+
+    def describe(self) -> dict[str, object]: ...
+
+
+def device_activity(activity: object, annotation: bool) -> bool:
+    """A device event that is work (a kernel, copy or memset), not a range drawn around work."""
+    name = str(activity).lower()
+    return not annotation and "annotation" not in name and (name in _DEVICE_ACTIVITIES or "kernel" in name
+                                                            or "memcpy" in name or "memset" in name)
+
+
+def merged_busy_ns(intervals: Sequence[tuple[int, int]]) -> int:
+    """Total length of the union of [start, end) intervals (overlapping device work counted once)."""
+    total, cur_start, cur_end = 0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def _host_timing(fn: Fn, budget: Budget, warm: bool = True) -> Timing:
+    """Host wall clock per call, no synchronisation (host work alone when ``fn`` only plans)."""
+    if warm:
+        for _ in range(budget.warmup):
+            fn()
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    inner = max(1, min(1000, int(budget.sample_ms * 1e-3 / one)))
+    samples = max(budget.min_samples, min(budget.max_samples, int(budget.target_s / (one * inner))))
+    per = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        per.append((time.perf_counter() - t0) * 1e3 / inner)
+    return Timing.of(per, inner)
+
+
+class HostTimer:
+    """The CPU smoke's clock: wall time per call; no kernels figure, no device memory."""
+
+    kind = "host"
+
+    def __init__(self, budget: Budget | None = None) -> None:
+        self.budget = budget or Budget.quick()
+
+    def e2e(self, calls: Sequence[Fn]) -> Timing:
+        for fn in calls:
+            fn()
+        turn = [0]
+
+        def rotate() -> None:
+            calls[turn[0] % len(calls)]()
+            turn[0] += 1
+
+        return _host_timing(rotate, self.budget, warm=False)
+
+    def kernels(self, calls: Sequence[Fn]) -> Timing | None:
+        return None
+
+    def host(self, fn: Fn) -> Timing:
+        return _host_timing(fn, self.budget)
+
+    def peak_extra_bytes(self, fn: Fn) -> int | None:
+        return None
+
+    def describe(self) -> dict[str, object]:
+        return {"clock": "host wall clock (time.perf_counter)", "budget": self.budget.__dict__}
+
+
+class CudaTimer:
+    """CUDA events for end to end, the profiler's device activity for kernels only, the allocator's peak."""
+
+    kind = "cuda"
+
+    def __init__(self, budget: Budget | None = None) -> None:
+        import torch
+
+        self.torch = torch
+        self.budget = budget or Budget()
+        self._cursor = 0
+
+    def _sync(self) -> None:
+        self.torch.cuda.synchronize()
+
+    def _batch(self, calls: Sequence[Fn], n: int) -> float:
+        """Per-call ms of n back-to-back calls between two events, the device idle at the start."""
+        start = self.torch.cuda.Event(enable_timing=True)
+        end = self.torch.cuda.Event(enable_timing=True)
+        self._sync()
+        start.record()
+        for _ in range(n):
+            calls[self._cursor % len(calls)]()
+            self._cursor += 1
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / n
+
+    def _warm(self, calls: Sequence[Fn]) -> None:
+        for _ in range(self.budget.warmup):
+            for fn in calls:
+                fn()
+        self._sync()
+
+    def e2e(self, calls: Sequence[Fn]) -> Timing:
+        self._warm(calls)
+        one = max(self._batch(calls, 1), 1e-4)
+        inner = max(1, min(256, math.ceil(self.budget.sample_ms / one)))
+        if inner > 1:
+            inner = max(inner, len(calls))
+        samples = max(self.budget.min_samples,
+                      min(self.budget.max_samples, int(self.budget.target_s * 1e3 / (one * inner))))
+        return Timing.of([self._batch(calls, inner) for _ in range(samples)], inner)
+
+    def kernels(self, calls: Sequence[Fn]) -> Timing | None:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        n = max(len(calls), self.budget.kernel_calls)
+        per = []
+        for _ in range(self.budget.kernel_rounds):
+            self._sync()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for i in range(n):
+                    calls[i % len(calls)]()
+                self._sync()
+            spans = [(e.start_ns(), e.end_ns()) for e in prof.profiler.kineto_results.events()
+                     if e.device_type() == DeviceType.CUDA and device_activity(e.activity_type(),
+                                                                              e.is_user_annotation())]
+            busy = merged_busy_ns(spans)
+            if busy <= 0:
+                return None  # the profiler saw no device activity (CUPTI unavailable): no figure, never a guess
+            per.append(busy / 1e6 / n)
+        return Timing.of(per, n)
+
+    def host(self, fn: Fn) -> Timing:
+        timing = _host_timing(fn, self.budget)
+        self._sync()
+        return timing
+
+    def peak_extra_bytes(self, fn: Fn) -> int | None:
+        cuda = self.torch.cuda
+        self._sync()
+        cuda.reset_peak_memory_stats()
+        base = cuda.memory_allocated()
+        fn()
+        self._sync()
+        return int(cuda.max_memory_allocated() - base)
+
+    def describe(self) -> dict[str, object]:
+        return {"clock": "CUDA events (e2e), torch.profiler device activity (kernels)",
+                "budget": self.budget.__dict__}

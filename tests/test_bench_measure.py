@@ -1,0 +1,152 @@
+"""The bench's pieces on the CPU: timing statistics, device busy time, phase arithmetic and metrics, the step
+runner's layouts, and that its bitwise check can fail (a layout-sensitive candidate is caught, never timed as if
+it were fine)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel module is imported
+
+import torch
+
+from gradsweep.bench.cases import Case
+from gradsweep.bench.ceilings import Ceiling, Ceilings
+from gradsweep.bench.checks import bitwise_record
+from gradsweep.bench.data import copies_for, draw
+from gradsweep.bench.metrics import family_metrics, phase_ms, settle
+from gradsweep.bench.predicate import ImplRecord
+from gradsweep.bench.runner import OpStep, chunk_cut, chunked_layout, packed_layout, rows_apart_layout
+from gradsweep.bench.subjects import OpSubject
+from gradsweep.bench.timing import Timing, device_activity, merged_busy_ns
+from gradsweep.ops.base import CallOutput, Candidate
+from gradsweep.ops.registry import get_op
+
+CPU = torch.device("cpu")
+
+
+def _t(ms: float) -> Timing:
+    return Timing.of([ms], 1)
+
+
+def test_timing_statistics():
+    t = Timing.of([4.0, 1.0, 3.0, 2.0, 5.0], 8)
+    assert (t.median_ms, t.min_ms, t.max_ms, t.q1_ms, t.q3_ms) == (3.0, 1.0, 5.0, 2.0, 4.0)
+    assert t.samples == 5 and t.calls_per_sample == 8
+    assert t.spread == (4.0 - 2.0) / 3.0
+    single = Timing.of([2.5], 1)
+    assert single.q1_ms == single.q3_ms == single.median_ms == 2.5
+
+
+def test_device_busy_time_merges_overlaps():
+    assert merged_busy_ns([]) == 0
+    assert merged_busy_ns([(0, 10), (5, 15), (20, 30)]) == 25  # [0, 15) and [20, 30)
+    assert merged_busy_ns([(20, 30), (0, 10), (10, 12)]) == 22  # touching intervals join, order irrelevant
+
+
+def test_only_device_work_counts_as_busy():
+    assert device_activity("kernel", False) and device_activity("gpu_memcpy", False)
+    assert device_activity("gpu_memset", False)
+    assert not device_activity("gpu_user_annotation", False)  # a range drawn around work
+    assert not device_activity("kernel", True) and not device_activity("cuda_runtime", False)
+
+
+def test_bwd_is_the_step_minus_its_forward():
+    assert phase_ms("bwd", {"fwd_train": _t(1.5), "fwd_bwd": _t(4.0)}) == 2.5
+    assert phase_ms("fwd", {"fwd": _t(1.0)}) == 1.0
+    assert phase_ms("fwd_bwd", {"fwd_bwd": _t(3.0)}) == 3.0
+    assert phase_ms("bwd", {"fwd_bwd": _t(4.0)}) is None  # a missing half gives no figure, not a guess
+    assert phase_ms("bwd", {"fwd_train": _t(1.0), "fwd_bwd": None}) is None
+
+
+def test_metrics_against_references_and_ceilings():
+    case = Case("rms_norm", "bwd", "bwd", {"hidden": 4}, (1000,), "bwd", anchors=("liger",),
+                traffic=lambda s, n: 3.0e6, memory=True)
+    mine = settle(ImplRecord(label="triton", kind="family", e2e={"fwd_train": _t(1.0), "fwd_bwd": _t(3.0)},
+                             kernels={"fwd_train": _t(0.5), "fwd_bwd": _t(2.0)}, peak_extra_bytes=2**29), "bwd")
+    stock = settle(ImplRecord(label="stock", kind="baseline", e2e={"fwd_train": _t(1.0), "fwd_bwd": _t(5.0)},
+                              kernels={"fwd_train": _t(1.0), "fwd_bwd": _t(4.0)}), "bwd")
+    absent = ImplRecord(label="liger", kind="anchor", status="absent", reason="not installed")
+    ceilings = Ceilings(copy_bandwidth=Ceiling(value=1000.0, unit="GB/s", what="c", timing=_t(1.0)),
+                        gemm_rate=Ceiling(value=100.0, unit="TFLOP/s", what="g", timing=_t(1.0)))
+    m = family_metrics(case, mine, {"stock": stock, "liger": absent}, ceilings)
+    assert m["e2e_vs_stock"] == 2.0 / 4.0
+    assert m["kernels_vs_stock"] == 1.5 / 3.0
+    assert m["e2e_vs_kernels"] == 2.0 / 1.5
+    assert m["copy_fraction"] == 3.0e6 / (2.0e-3 * 1000.0e9)
+    assert m["peak_extra_gib"] == 0.5
+    assert "e2e_vs_liger" not in m and "gemm_fraction" not in m  # absent anchor, no flops declared
+
+
+def test_layouts_split_every_token_once():
+    lengths = (1, 70, 9, 2)
+    for layout in (packed_layout(lengths), chunked_layout(lengths), rows_apart_layout(lengths)):
+        covered = sorted((s, p) for call in layout for s, start, n in call for p in range(start, start + n))
+        assert covered == [(s, p) for s, n in enumerate(lengths) for p in range(n)]
+    assert len(chunked_layout(lengths)) == 2 and rows_apart_layout(lengths)[0] == [(0, 0, 1)]
+    assert rows_apart_layout((1,)) is None and chunked_layout((1,)) is None
+    assert all(chunk_cut(n) % 64 and chunk_cut(n) % 32 for n in (70, 129, 300))  # cuts fall inside tiles
+
+
+def test_rotation_copies_only_when_data_fits_in_l2():
+    assert copies_for(2**20, torch.device("cuda")) == 8
+    assert copies_for(2**30, torch.device("cuda")) == 1
+    assert copies_for(2**20, CPU) == 1
+
+
+def _collect(op_name: str, impl: str, layout, lengths, mode="fwd_bwd", shape=None):
+    op = get_op(op_name)
+    shape = op.shape_model.model_validate(shape or {}).model_dump(exclude_none=True)
+    data = draw(op, shape, sum(lengths), CPU, seed=3)
+    return OpStep(op, op.candidates[impl], data, shape, lengths, layout, mode).collect()
+
+
+def test_triton_rms_norm_keeps_its_bits_across_the_split_layouts():
+    lengths = (70, 5, 30)
+    whole = _collect("rms_norm", "triton.rms_norm", packed_layout(lengths), lengths)
+    assert set(whole) == {"y", "dx", "dweight"}
+    for layout in (chunked_layout(lengths), rows_apart_layout(lengths)):
+        record = bitwise_record("chunks", whole, _collect("rms_norm", "triton.rms_norm", layout, lengths))
+        assert record.passed, record.detail
+
+
+def test_a_layout_sensitive_candidate_fails_the_timed_data_check():
+    """Its output depends on how many rows share the call: the bench must report a failed bitwise check."""
+    op = get_op("silu")
+    honest = op.candidates["torch.silu"]
+
+    def batch_sensitive(ctx):
+        x = ctx.inputs["x"]
+        nudge = 1.0 + (x.shape[0] % 2) * 2.0 ** -6
+        return CallOutput({"y": torch.nn.functional.silu(x * nudge)})
+
+    planted = Candidate("planted.silu", "torch", batch_sensitive)
+    case = Case("silu", "fwd", "fwd", {"features": 16}, (9, 4), "fwd", split="rows")
+    subject = OpSubject(case, op, {"triton": planted}, CPU, seed=1)
+    record = subject.bitwise("triton")
+    assert record is not None and not record.passed and "y:" in record.detail
+    subject = OpSubject(case, op, {"triton": honest}, CPU, seed=1)
+    assert subject.bitwise("triton").passed
+
+
+def test_a_failed_check_fails_the_run_and_is_recorded_on_the_case():
+    from gradsweep.bench.api import summarise, verdict
+    from gradsweep.bench.measure import run_case
+    from gradsweep.bench.suite import Slot
+    from gradsweep.bench.timing import Budget, HostTimer
+    from gradsweep.manifest import MANIFEST_DIR
+
+    def batch_sensitive(ctx):
+        x = ctx.inputs["x"]
+        return CallOutput({"y": torch.nn.functional.silu(x * (1.0 + (x.shape[0] % 2) * 2.0 ** -6))})
+
+    planted = Candidate("planted.silu", "triton", batch_sensitive)
+    case = Case("silu", "fwd", "fwd", {"features": 16}, (9, 4), "fwd", split="rows")
+    record = run_case(case, [Slot("triton", "planted_profile", planted)], HostTimer(Budget.quick()), CPU, 1, None,
+                      [], MANIFEST_DIR / "contract.yaml", [9, 3, 14])
+    fam = record.families["triton"]
+    assert fam.status == "check_failed" and "timed data" in fam.reason
+    assert {c.kind: c.passed for c in fam.checks} == {"bitwise": False, "contract": False}
+    assert record.references["stock"].status == "ok" and fam.measured.e2e_ms is not None
+    summary = summarise([record])
+    assert summary.checks_failed == 2 and verdict(summary).exit_code == 1
