@@ -1,17 +1,18 @@
-"""Speed and bitwise invariance of the first half of the Triton kernels, in one run.
+"""Speed and correctness of the first half of the Triton kernels, end to end (issue 13), in one run.
 
-    PYTHONPATH=. python bench/bench_kernels_i.py --out results.json          # CUDA box
-    TRITON_INTERPRET=1 PYTHONPATH=. python bench/bench_kernels_i.py --dry-run  # CPU: plumbing only
+    PYTHONPATH=. python bench/bench_kernels_i.py --out-dir OUT            # CUDA box: writes OUT/kernels_i.json
+    TRITON_INTERPRET=1 PYTHONPATH=. python bench/bench_kernels_i.py --dry-run --out-dir OUT   # CPU: plumbing
 
-1. Copy ceiling: a large device-to-device copy (bytes read + written per second).
-2. Per op, stock torch vs ours (median of triton.testing.do_bench, which flushes L2 between runs;
-   every tensor is >= 128 MiB, well beyond the H200's L2): ms, GB/s, % of the copy ceiling, ratio.
-   Bytes counted are the ideal traffic of the op (fwd: read x, write y; bwd: read x, dy, write dx...).
-   "kernels" rows run our launchers on a prepared fold plan; "e2e" rows add the host bookkeeping
-   (CanonicalFold.take, plan upload) that a training step pays.
-3. Bitwise invariance at the bench shape (B=N vs two chunked calls vs permuted samples) and a smoke
-   test at the unit-test shapes (accuracy vs float64, B=N / N x B=1 / chunked / padded / permuted).
-Imports only torch, triton and gradsweep.canonical / gradsweep.triton_kernels.
+Speed (median of triton.testing.do_bench, which flushes L2 between runs; every tensor >= 128 MiB):
+- per op, stock torch vs ours, with the copy ceiling of the same run (ms, GB/s, % of copy, ratio);
+- backward of the folding ops (rms_norm, qk_norm, embedding) in two variants: ``kernels`` (launches on a
+  prepared fold step) and ``e2e`` (what a training step pays: a fresh CanonicalFold, take_tiles, uploads,
+  launches, kernels), for one packed call and for a step cut into two chunked calls (tiles split across calls);
+- host planning per call (take_tiles, incl. the staging copies it launches) at R rows, packed and chunked.
+Correctness, never with a private tolerance: every op through ``check_kernel`` (the sweep's own judge, the
+contract's bounds) at the default manifest's shapes on this device, and bitwise invariance at the bench shape
+through ``check_kernel`` too; e2e and kernels-only main grads bitwise equal. Any failed check or exception
+exits non-zero (the JSON written so far is kept).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.harness.kernel_check import check_kernel
 from gradsweep.triton_kernels import _common
 from gradsweep.triton_kernels import embedding as emb_mod
 from gradsweep.triton_kernels import pack as pack_mod
@@ -43,506 +46,305 @@ from gradsweep.triton_kernels._common import same_bits
 
 EPS, THETA = 1e-6, 500000.0
 BF16 = torch.bfloat16
+OPS = ("rms_norm", "qk_norm", "rope", "silu", "swiglu", "embedding", "pack")
 
 
-def timer(dry: bool) -> Callable[[Callable[[], object]], float]:
-    if not dry:
-        return lambda fn: float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+class Run:
+    """Results of the run, saved after every row (a crash keeps what was measured)."""
 
-    def wall(fn: Callable[[], object]) -> float:
+    def __init__(self, path: Path, dry: bool) -> None:
+        self.path, self.dry = path, dry
+        self.res: dict = {"rows": [], "host_planning": [], "checks": []}
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps(self.res, indent=1, default=lambda o: None if isinstance(o, float)
+                                        and math.isnan(o) else str(o)))
+
+    def time(self, fn: Callable[[], object]) -> float:
+        """Median ms (do_bench on a GPU; one warm call then one timed call under the interpreter)."""
+        if not self.dry:
+            return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
         fn()
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e3
-    return wall
+
+    def check(self, name: str, ok: bool, detail: str = "") -> None:
+        self.res["checks"].append({"name": name, "pass": bool(ok), "detail": detail})
+        print(f"CHECK {name:<60} {'PASS' if ok else 'FAIL'} {detail}", flush=True)
+        self.save()
 
 
-# ----------------------------------------------------------------------------------------- layouts
 def irregular_lengths(total: int, n: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     cuts = sorted(torch.randperm(total - 1, generator=g)[: n - 1].add(1).tolist())
-    edges = [0, *cuts, total]
-    return [b - a for a, b in itertools.pairwise(edges)]
+    return [b - a for a, b in itertools.pairwise([0, *cuts, total])]
 
 
-def layouts(lengths: list[int], small: bool) -> dict[str, list[list[tuple]]]:
-    """Calls of pieces (sample, start, stop) or ("pad", n). Chunk cuts avoid tile multiples."""
-    n = len(lengths)
-    cut = [(3 * m) // 7 + (1 if m > 8 else 0) for m in lengths]
-    out = {
-        "bn_full": [[(s, 0, lengths[s]) for s in range(n)]],
-        "bn_chunked": [[(s, 0, cut[s]) for s in range(n) if cut[s]],
-                       [(s, cut[s], lengths[s]) for s in range(n) if cut[s] < lengths[s]]],
-        "bn_permuted": [[(s, 0, lengths[s]) for s in reversed(range(n))]],
-    }
-    if small:
-        out["b1_singleton"] = [[(s, 0, lengths[s])] for s in range(n)]
-        out["bn_padded"] = [[p for s in range(n) for p in ((s, 0, lengths[s]), ("pad", max(lengths) - lengths[s] + 3))]]
-    return out
+def chunked(lengths: list[int]) -> tuple[list[int], RowIdentity, RowIdentity]:
+    """Each sample cut at 3/7 of its length (off tile boundaries): two calls, the step's first and second halves."""
+    cut = [min(m, (3 * m) // 7 + 1) for m in lengths]
+    first = RowIdentity.packed(cut)
+    second = RowIdentity.packed([m - c for m, c in zip(lengths, cut)], starts=cut)
+    return cut, first, second
 
 
-def physical(call: list[tuple], offsets: list[int], device: torch.device) -> tuple[torch.Tensor, RowIdentity]:
-    logical, sample, position = [], [], []
-    for piece in call:
-        if piece[0] == "pad":
-            logical += [-1] * piece[1]
-            sample += [-1] * piece[1]
-            position += [0] * piece[1]
-        else:
-            s, a, b = piece
-            logical += list(range(offsets[s] + a, offsets[s] + b))
-            sample += [s] * (b - a)
-            position += list(range(a, b))
-    ident = RowIdentity(torch.tensor(sample, dtype=torch.int64), torch.tensor(position, dtype=torch.int64))
-    return torch.tensor(logical, dtype=torch.int64, device=device), ident
+def split_rows(t: torch.Tensor, lengths: list[int], cut: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of a packed step -> (first halves, second halves) in the chunked calls' order."""
+    offs = [0, *itertools.accumulate(lengths)]
+    a = torch.cat([t[o:o + c] for o, c in zip(offs, cut)])
+    b = torch.cat([t[o + c:o + m] for o, c, m in zip(offs, cut, lengths)])
+    return a.contiguous(), b.contiguous()
 
 
-def gather(t: torch.Tensor, index: torch.Tensor, seed: int) -> torch.Tensor:
-    g = torch.Generator(device=t.device).manual_seed(seed)
-    out = (torch.randn(index.numel(), *t.shape[1:], generator=g, device=t.device) * 50).to(t.dtype)
-    real = index >= 0
-    out[real] = t[index[real]]
-    return out
-
-
-def run_layout(layout, lengths, inputs: dict[str, torch.Tensor], extra: dict[str, torch.Tensor], fn,
-               tile: int | None, fold_shape: tuple[int, ...] | None) -> dict[str, torch.Tensor]:
-    """Each call: physical rows gathered from the logical inputs (pads: garbage); ``extra`` (weights)
-    is passed as is. Outputs are restored to logical rows; dweight is the fold's main_grad."""
-    device = next(iter(inputs.values())).device
-    offsets = [0]
-    for m in lengths:
-        offsets.append(offsets[-1] + m)
-    fold = (CanonicalFold(torch.zeros(fold_shape, device=device), lengths, tile) if tile else None)
-    res: dict[str, torch.Tensor] = {}
-    for k, call in enumerate(layout):
-        index, rows = physical(call, offsets, device)
-        phys = {name: gather(t, index, 100 + 7 * k + j) for j, (name, t) in enumerate(inputs.items())}
-        phys.update(extra)
-        for name, t in fn(phys, rows, fold).items():
-            if name not in res:
-                res[name] = torch.full((offsets[-1], *t.shape[1:]), float("nan"), dtype=t.dtype, device=device)
-            real = index >= 0
-            res[name][index[real]] = t.detach()[real]
-    if fold is not None:
-        res["dweight"] = fold.finish().clone()
-    return res
-
-
-def op_fns(heads: int) -> dict[str, tuple[Callable, int | None]]:
-    """Per op: fn(phys, rows, fold) -> named outputs/grads, and the fold tile (None: no weight)."""
-    def rms(p, rows, fold):
-        x = p["x"].clone().requires_grad_(True)
-        y = rms_mod.rms_norm(x, p["w"][0], EPS, rows, fold)
-        y.backward(p["dy"])
-        return {"y": y, "dx": x.grad}
-
-    def qk(p, rows, fold):
-        x = p["x"].view(p["x"].shape[0], heads, -1).clone().requires_grad_(True)
-        y = qk_mod.qk_norm(x, p["w"][0, : x.shape[2]], EPS, rows, fold)
-        y.backward(p["dy"].view_as(x))
-        return {"y": y.flatten(1), "dx": x.grad.flatten(1)}
-
-    def rope(p, rows, fold):
-        x = p["x"].view(p["x"].shape[0], heads, -1).clone().requires_grad_(True)
-        pos = torch.where(rows.sample >= 0, rows.position, torch.full_like(rows.position, 77)).to(x.device)
-        y = rope_mod.rope(x, pos, THETA)
-        y.backward(p["dy"].view_as(x))
-        return {"y": y.flatten(1), "dx": x.grad.flatten(1)}
-
-    def silu(p, rows, fold):
-        x = p["x"].clone().requires_grad_(True)
-        y = silu_mod.silu(x)
-        y.backward(p["dy"])
-        return {"y": y, "dx": x.grad}
-
-    def swiglu(p, rows, fold):
-        g = p["x"].clone().requires_grad_(True)
-        u = p["u"].clone().requires_grad_(True)
-        y = swiglu_mod.swiglu(g, u)
-        y.backward(p["dy"])
-        return {"y": y, "dgate": g.grad, "dup": u.grad}
-
-    def emb(p, rows, fold):
-        ids = p["ids"][:, 0] % p["table"].shape[0]  # real ids unchanged; garbage pad ids made valid
-        w = p["table"].clone().requires_grad_(True)
-        y = emb_mod.embedding(ids, w, rows, fold)
-        y.backward(p["dy"])
-        return {"y": y}
-
-    return {"rms_norm": (rms, rms_mod.TILE), "qk_norm": (qk, qk_mod.TILE), "rope": (rope, None),
-            "silu": (silu, None), "swiglu": (swiglu, None), "embedding": (emb, emb_mod.TILE)}
-
-
-def make_inputs(op: str, total: int, hidden: int, heads: int, vocab: int, device: torch.device, seed: int):
-    """(logical row inputs, extra tensors, fold shape) of one op."""
-    g = torch.Generator(device=device).manual_seed(seed)
-
-    def rn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g, device=device) * scale).to(BF16)
-
-    x, dy = rn(total, hidden, scale=2.0), rn(total, hidden)
-    if op in ("rms_norm", "qk_norm"):
-        w = (1 + 0.2 * torch.randn(hidden, generator=g, device=device)).to(BF16)
-        return {"x": x, "dy": dy}, {"w": w.view(1, -1)}, ((hidden,) if op == "rms_norm" else (hidden // heads,))
-    if op == "swiglu":
-        return {"x": x, "u": rn(total, hidden), "dy": dy}, {}, None
-    if op == "embedding":
-        ids = torch.randint(0, vocab, (total, 1), generator=g, device=device)
-        return {"ids": ids, "dy": dy}, {"table": rn(vocab, hidden)}, (vocab, hidden)
-    return {"x": x, "dy": dy}, {}, None
-
-
-def invariance_suite(op: str, lengths: list[int], hidden: int, heads: int, vocab: int, small: bool,
-                     device: torch.device) -> dict[str, bool]:
-    """Layout name -> all outputs / grads / main_grad bitwise equal to bn_full's."""
-    inputs, extra, fold_shape = make_inputs(op, sum(lengths), hidden, heads, vocab, device, seed=11)
-    fn, tile = op_fns(heads)[op]
-    lays = layouts(lengths, small)
-    results = {name: run_layout(lay, lengths, inputs, extra, fn, tile, fold_shape) for name, lay in lays.items()}
-    if op == "embedding":  # determinism: the same layout twice
-        results["bn_chunked_again"] = run_layout(lays["bn_chunked"], lengths, inputs, extra, fn, tile, fold_shape)
-    base = results["bn_full"]
-    return {name: all(same_bits(res[k], base[k]) for k in base) for name, res in results.items()
-            if name != "bn_full"}
-
-
-# -------------------------------------------------------------------------------------------- smoke
-def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((a.detach().double() - ref).norm() / ref.norm().clamp_min(1e-300))
-
-
-def smoke_accuracy(device: torch.device) -> dict[str, float]:
-    """Normwise relative error vs float64 at the unit-test shapes, on this device."""
-    torch.manual_seed(0)
-    R, H, NH, D, V = 130, 96, 3, 32, 50
-    out: dict[str, float] = {}
-    x = (torch.randn(R, H, device=device) * 2).to(BF16)
-    dy = torch.randn(R, H, device=device).to(BF16)
-    w = (1 + 0.2 * torch.randn(H, device=device)).to(BF16)
-    rows = RowIdentity.packed([R])
-
-    def ref_norm(xx, ww, dd):
-        xx = xx.double().requires_grad_(True)
-        ww = ww.double().requires_grad_(True)
-        y = xx * torch.rsqrt((xx * xx).mean(-1, keepdim=True) + EPS) * ww
-        y.backward(dd.double())
-        return y.detach(), xx.grad, ww.grad
-
-    fold = CanonicalFold(torch.zeros(H, device=device), [R], rms_mod.TILE)
-    xr = x.clone().requires_grad_(True)
-    y = rms_mod.rms_norm(xr, w, EPS, rows, fold)
-    y.backward(dy)
-    ry, rdx, rdw = ref_norm(x, w, dy)
-    out.update(rms_y=rel(y, ry), rms_dx=rel(xr.grad, rdx), rms_dw=rel(fold.finish(), rdw))
-
-    xq, dq = x.view(R, NH, D), dy.view(R, NH, D)
-    wq = w[:D].contiguous()
-    fold = CanonicalFold(torch.zeros(D, device=device), [R], qk_mod.TILE)
-    xr = xq.clone().requires_grad_(True)
-    y = qk_mod.qk_norm(xr, wq, EPS, rows, fold)
-    y.backward(dq)
-    ry, rdx, rdw = ref_norm(xq, wq, dq)
-    out.update(qk_y=rel(y, ry), qk_dx=rel(xr.grad, rdx), qk_dw=rel(fold.finish(), rdw))
-
-    pos = torch.arange(R, device=device) * 97  # up to ~12.5k: large angles
-    xr = xq.clone().requires_grad_(True)
-    y = rope_mod.rope(xr, pos, THETA)
-    y.backward(dq)
-    half = D // 2
-    ang = pos.double()[:, None] * THETA ** (-2.0 * torch.arange(half, device=device, dtype=torch.float64) / D)
-    c, s = torch.cos(ang)[:, None], torch.sin(ang)[:, None]
-
-    def rot(v, sign):
-        v1, v2 = v[..., :half].double(), v[..., half:].double()
-        return torch.cat([v1 * c - sign * v2 * s, v2 * c + sign * v1 * s], -1)
-    out.update(rope_y=rel(y, rot(xq, 1.0)), rope_dx=rel(xr.grad, rot(dq, -1.0)))
-
-    g64 = x.double().requires_grad_(True)
-    u = torch.randn(R, H, device=device).to(BF16)
-    u64 = u.double().requires_grad_(True)
-    ref = F.silu(g64)
-    ref.backward(dy.double())
-    xr = x.clone().requires_grad_(True)
-    y = silu_mod.silu(xr)
-    y.backward(dy)
-    out.update(silu_y=rel(y, ref.detach()), silu_dx=rel(xr.grad, g64.grad))
-    g64.grad = None
-    ref = F.silu(g64) * u64
-    ref.backward(dy.double())
-    gr, ur = x.clone().requires_grad_(True), u.clone().requires_grad_(True)
-    y = swiglu_mod.swiglu(gr, ur)
-    y.backward(dy)
-    out.update(swiglu_y=rel(y, ref.detach()), swiglu_dgate=rel(gr.grad, g64.grad), swiglu_dup=rel(ur.grad, u64.grad))
-
-    ids = torch.randint(0, V, (R,), device=device)
-    table = torch.randn(V, H, device=device).to(BF16).requires_grad_(True)
-    fold = CanonicalFold(torch.zeros(V, H, device=device), [R], emb_mod.TILE)
-    y = emb_mod.embedding(ids, table, rows, fold)
-    y.backward(dy)
-    ref = torch.zeros(V, H, device=device, dtype=torch.float64).index_add_(0, ids, dy.double())
-    out.update(emb_y_exact=float(not same_bits(y, table.detach()[ids])), emb_dw=rel(fold.finish(), ref))
-
-    lengths = torch.tensor([37, 5, 64, 1, 23])
-    xp = torch.randn(5, 64, H, device=device).to(BF16)
-    packed = pack_mod.pack(xp, lengths)
-    ref = torch.cat([xp[b, : int(n)] for b, n in enumerate(lengths)])
-    back = pack_mod.unpack(packed, lengths, 64)
-    mask = (torch.arange(64)[None, :] < lengths[:, None]).to(device)
-    out.update(pack_exact=float(not same_bits(packed, ref)),
-               unpack_exact=float(not same_bits(back, torch.where(mask[..., None], xp, torch.zeros_like(xp)))))
-    return out
-
-
-# -------------------------------------------------------------------------------------------- speed
-class Bench:
-    def __init__(self, dry: bool, ceiling_gbs: float) -> None:
-        self.t = timer(dry)
-        self.ceiling = ceiling_gbs
-        self.rows: list[dict] = []
-        self.errors: list[str] = []
-
-    def safe(self, what: str, fn: Callable | None) -> float:
-        """Time fn; a crash is recorded (and printed) instead of ending the run."""
-        if fn is None:
-            return float("nan")
-        try:
-            return self.t(fn)
-        except Exception as exc:  # one failing row must not lose the others
-            self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
-            print("ERROR", self.errors[-1], flush=True)
-            return float("nan")
-
-    def add(self, op: str, direction: str, nbytes: int, torch_fn: Callable | None, ours: dict[str, Callable],
-            note: str = "") -> None:
-        t_torch = self.safe(f"{op} {direction} torch", torch_fn)
-        for variant, fn in ours.items():
-            t = self.safe(f"{op} {direction} {variant}", fn)
-            gbs = nbytes / t / 1e6
-            self.rows.append({"op": op, "dir": direction, "variant": variant, "bytes": nbytes, "ms": t,
-                              "gbs": gbs, "pct_copy": 100 * gbs / self.ceiling, "torch_ms": t_torch,
-                              "torch_gbs": nbytes / t_torch / 1e6,
-                              "torch_pct_copy": 100 * nbytes / t_torch / 1e6 / self.ceiling,
-                              "ratio_vs_torch": t / t_torch, "note": note})
-            r = self.rows[-1]
-            print(f"{op:10s} {direction:4s} {variant:22s} {t:8.4f} ms {gbs:8.1f} GB/s {r['pct_copy']:6.1f}% "
-                  f"| torch {t_torch:8.4f} ms {r['torch_pct_copy']:6.1f}% | ours/torch {r['ratio_vs_torch']:5.2f}",
-                  flush=True)
-
-
-def copy_ceiling(t: Callable, device: torch.device, n_bytes: int) -> float:
-    src = torch.empty(n_bytes // 2, dtype=BF16, device=device).normal_()
-    dst = torch.empty_like(src)
-    ms = t(lambda: dst.copy_(src))
-    return 2 * n_bytes / ms / 1e6  # GB/s, read + write
-
-
-def speed(args: argparse.Namespace, device: torch.device, res: dict) -> None:
-    t = timer(args.dry_run)
+# ------------------------------------------------------------------------------------------------ speed
+def speed(run: Run, args: argparse.Namespace, device: torch.device) -> None:
     R, H, NH = args.rows, args.hidden, args.heads
     D = H // NH
-    big = 1 << 30 if not args.dry_run else 1 << 20
-    ceil = copy_ceiling(t, device, big)
-    same = copy_ceiling(t, device, R * H * 2)
-    res["ceiling"] = {"copy_gbs": ceil, "copy_bytes_each_way": big, "copy_same_size_gbs": same,
-                      "same_size_bytes_each_way": R * H * 2, "hbm_spec_gbs": 4800.0}
-    print(f"copy ceiling: {ceil:.1f} GB/s (1 GiB each way); same-size copy ({R}x{H} bf16): {same:.1f} GB/s",
-          flush=True)
-    b = Bench(args.dry_run, ceil)
+    big = (1 << 30) if not run.dry else (1 << 20)
+    src = torch.empty(big // 2, dtype=BF16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ceiling = 2 * big / run.time(lambda: dst.copy_(src)) / 1e6
+    run.res["copy_ceiling_gbs"] = ceiling
+    print(f"copy ceiling {ceiling:.1f} GB/s", flush=True)
     g = torch.Generator(device=device).manual_seed(0)
-    rn = lambda *s: torch.randn(*s, generator=g, device=device).to(BF16)  # noqa: E731
+
+    def rn(*s: int) -> torch.Tensor:
+        return torch.randn(*s, generator=g, device=device).to(BF16)
+
+    def row(op: str, direction: str, nbytes: int, torch_ms: float, variant: str, ms: float, note: str = "") -> None:
+        gbs = nbytes / ms / 1e6
+        r = {"op": op, "dir": direction, "variant": variant, "ms": ms, "gbs": gbs, "pct_copy": 100 * gbs / ceiling,
+             "torch_ms": torch_ms, "ratio_vs_torch": ms / torch_ms, "note": note}
+        run.res["rows"].append(r)
+        print(f"{op:10s} {direction:4s} {variant:20s} {ms:8.4f} ms {r['pct_copy']:6.1f}% of copy | torch "
+              f"{torch_ms:8.4f} ms | ours/torch {r['ratio_vs_torch']:5.2f} {note}", flush=True)
+        run.save()
+
     n = R * H * 2  # bytes of one [R, H] bf16 tensor
     lengths = irregular_lengths(R, 13, seed=5)
     rows = RowIdentity.packed(lengths)
+    cut, rows_a, rows_b = chunked(lengths)
 
-    # rms_norm
+    # ---- rms_norm and qk_norm: forward, backward kernels-only and end to end
     x, dy, dx = rn(R, H), rn(R, H), torch.empty(R, H, device=device, dtype=BF16)
     w = (1 + 0.1 * rn(H).float()).to(BF16)
-    b.add("rms_norm", "fwd", 2 * n, lambda: F.rms_norm(x, (H,), w, EPS),
-          {"ours": lambda: rms_mod.rms_norm_forward(x, w, EPS)})
-    xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    yt = F.rms_norm(xr, (H,), wr, EPS)
-    mg = torch.zeros(H, device=device)
-    step = CanonicalFold(mg, lengths, rms_mod.TILE).take(rows, (x, dy))
-    parts = torch.empty(step.num_tiles, H, device=device)
 
-    def rms_kernels() -> None:
-        rms_mod._launch_bwd(step.plan, x, dy, w, dx, parts, 0, EPS, True, True)
-        _common.fold_partials(parts, mg)
+    def bench_norm(op: str, mod, shape: tuple[int, ...], wv: torch.Tensor, cols: int) -> None:
+        xv, dyv, dxv = x.view(shape), dy.view(shape), dx.view(shape)
+        fwd = rms_mod.rms_norm_forward if op == "rms_norm" else qk_mod.qk_norm_forward
+        backward = rms_mod.rms_norm_backward if op == "rms_norm" else qk_mod.qk_norm_backward
+        row(op, "fwd", 2 * n, run.time(lambda: F.rms_norm(xv, (shape[-1],), wv, EPS)), "ours",
+            run.time(lambda: fwd(xv, wv, EPS)))
+        xr, wr = xv.clone().requires_grad_(True), wv.clone().requires_grad_(True)
+        yt = F.rms_norm(xr, (shape[-1],), wr, EPS)
+        t_torch = run.time(lambda: torch.autograd.grad(yt, (xr, wr), dyv, retain_graph=True))
+        mg = torch.zeros(cols, device=device)
+        step = CanonicalFold(mg, lengths, mod.TILE).take_tiles(rows, (xv, dyv))
+        parts = torch.empty(step.num_tiles, cols, device=device)
 
-    def rms_e2e() -> None:
-        rms_mod.rms_norm_backward(x, w, dy, EPS, rows, CanonicalFold(mg, lengths, rms_mod.TILE))
+        def kernels(acc: torch.Tensor = mg) -> None:
+            mod._launch_bwd(step.desc, xv, dyv, xv, dyv, wv, dxv, parts, EPS, True, True)
+            _common.fold_partials(parts, acc)
 
-    def rms_variant(block_rows: int, warps: int, stages: int) -> Callable[[], None]:
-        """Another pinned config (speed exploration only: a config change may change dx bits)."""
-        def fn() -> None:
-            saved = rms_mod.row_config, rms_mod.BWD_STAGES
-            rms_mod.row_config = lambda h, tile: (triton.next_power_of_2(h), block_rows, warps)
-            rms_mod.BWD_STAGES = stages
-            try:
-                rms_kernels()
-            finally:
-                rms_mod.row_config, rms_mod.BWD_STAGES = saved
-        return fn
+        def e2e() -> None:
+            backward(xv, wv, dyv, EPS, rows, CanonicalFold(mg, lengths, mod.TILE))
+        xa, xb = split_rows(xv, lengths, cut)
+        da, db = split_rows(dyv, lengths, cut)
 
-    b.add("rms_norm", "bwd", 3 * n, lambda: torch.autograd.grad(yt, (xr, wr), dy, retain_graph=True),
-          {"ours_kernels": rms_kernels, "ours_e2e": rms_e2e, "fold_only": lambda: _common.fold_partials(parts, mg),
-           "v_stages1_w8": rms_variant(1, 8, 1), "v_stages2_w8": rms_variant(1, 8, 2),
-           "v_stages3_w16": rms_variant(1, 16, 3), "v_rows2_w16_s3": rms_variant(2, 16, 3),
-           "v_stages4_w8": rms_variant(1, 8, 4)},
-          note=f"{step.num_tiles} canonical tiles of {rms_mod.TILE}; fold reads/writes {step.num_tiles * H * 4} B")
+        def e2e_chunked() -> None:
+            fold = CanonicalFold(mg, lengths, mod.TILE)
+            backward(xa, wv, da, EPS, rows_a, fold)
+            backward(xb, wv, db, EPS, rows_b, fold)
+        note = f"{step.num_tiles} tiles of {mod.TILE}"
+        row(op, "bwd", 3 * n, t_torch, "ours_kernels", run.time(kernels), note)
+        row(op, "bwd", 3 * n, t_torch, "ours_e2e", run.time(e2e), note + "; fold + plan + uploads + launches")
+        row(op, "bwd", 3 * n, t_torch, "ours_e2e_chunked", run.time(e2e_chunked), "2 calls, tiles split across them")
+        a, b = torch.zeros_like(mg), torch.zeros_like(mg)
+        dxa = backward(xv, wv, dyv, EPS, rows, CanonicalFold(a, lengths, mod.TILE))
+        kernels(b)
+        run.check(f"{op} bwd e2e and kernels-only: same dx and main grad bits", same_bits(a, b) and same_bits(dxa, dxv))
 
-    # qk_norm on [R, NH, D]
-    xq, dq, dxq = x.view(R, NH, D), dy.view(R, NH, D), dx.view(R, NH, D)
-    wq = w[:D].contiguous()
-    b.add("qk_norm", "fwd", 2 * n, lambda: F.rms_norm(xq, (D,), wq, EPS),
-          {"ours": lambda: qk_mod.qk_norm_forward(xq, wq, EPS)})
-    xqr, wqr = xq.clone().requires_grad_(True), wq.clone().requires_grad_(True)
-    yq = F.rms_norm(xqr, (D,), wqr, EPS)
-    mgq = torch.zeros(D, device=device)
-    stepq = CanonicalFold(mgq, lengths, qk_mod.TILE).take(rows, (xq, dq))
-    partq = torch.empty(stepq.num_tiles, D, device=device)
+    bench_norm("rms_norm", rms_mod, (R, H), w, H)
+    bench_norm("qk_norm", qk_mod, (R, NH, D), w[:D].contiguous(), D)
 
-    def qk_kernels() -> None:
-        qk_mod._launch_bwd(stepq.plan, xq, dq, wq, dxq, partq, 0, EPS, True, True)
-        _common.fold_partials(partq, mgq)
-    b.add("qk_norm", "bwd", 3 * n, lambda: torch.autograd.grad(yq, (xqr, wqr), dq, retain_graph=True),
-          {"ours_kernels": qk_kernels})
-
-    # rope, HF-style stock path with bf16 cos/sin tables (built outside the timing)
+    # ---- rope, silu, swiglu (elementwise, no fold)
+    xq, dq = x.view(R, NH, D), dy.view(R, NH, D)
     pos = torch.cat([torch.arange(m) for m in lengths]).to(device)
     inv = THETA ** (-torch.arange(0, D, 2, device=device, dtype=torch.float32) / D)
     ang = pos.float()[:, None] * inv[None, :]
     cos = torch.cat([ang, ang], -1).cos().to(BF16)[:, None, :]
     sin = torch.cat([ang, ang], -1).sin().to(BF16)[:, None, :]
 
-    def torch_rope(v: torch.Tensor) -> torch.Tensor:
-        v1, v2 = v[..., : D // 2], v[..., D // 2:]
-        return v * cos + torch.cat([-v2, v1], -1) * sin
-    b.add("rope", "fwd", 2 * n, lambda: torch_rope(xq), {"ours": lambda: rope_mod.rope_apply(xq, pos, THETA)})
+    def torch_rope(v: torch.Tensor) -> torch.Tensor:  # HF-style stock path with bf16 cos/sin tables
+        return v * cos + torch.cat([-v[..., D // 2:], v[..., : D // 2]], -1) * sin
+    row("rope", "fwd", 2 * n, run.time(lambda: torch_rope(xq)), "ours",
+        run.time(lambda: rope_mod.rope_apply(xq, pos, THETA)))
+    xqr = xq.clone().requires_grad_(True)
     yr = torch_rope(xqr)
-    b.add("rope", "bwd", 2 * n, lambda: torch.autograd.grad(yr, (xqr,), dq, retain_graph=True),
-          {"ours": lambda: rope_mod.rope_apply(dq, pos, THETA, inverse=True)})
-
-    # silu, swiglu (gate/up [R, H])
-    b.add("silu", "fwd", 2 * n, lambda: F.silu(x), {"ours": lambda: silu_mod.silu_forward(x)})
+    row("rope", "bwd", 2 * n, run.time(lambda: torch.autograd.grad(yr, (xqr,), dq, retain_graph=True)), "ours",
+        run.time(lambda: rope_mod.rope_apply(dq, pos, THETA, inverse=True)))
+    xr = x.clone().requires_grad_(True)
+    row("silu", "fwd", 2 * n, run.time(lambda: F.silu(x)), "ours", run.time(lambda: silu_mod.silu_forward(x)))
     ys = F.silu(xr)
-    b.add("silu", "bwd", 3 * n, lambda: torch.autograd.grad(ys, (xr,), dy, retain_graph=True),
-          {"ours": lambda: silu_mod.silu_backward(x, dy)})
+    row("silu", "bwd", 3 * n, run.time(lambda: torch.autograd.grad(ys, (xr,), dy, retain_graph=True)), "ours",
+        run.time(lambda: silu_mod.silu_backward(x, dy)))
     u = rn(R, H)
     ur = u.clone().requires_grad_(True)
-    b.add("swiglu", "fwd", 3 * n, lambda: F.silu(x) * u, {"ours": lambda: swiglu_mod.swiglu_forward(x, u)})
+    row("swiglu", "fwd", 3 * n, run.time(lambda: F.silu(x) * u), "ours",
+        run.time(lambda: swiglu_mod.swiglu_forward(x, u)))
     ysw = F.silu(xr) * ur
-    b.add("swiglu", "bwd", 5 * n, lambda: torch.autograd.grad(ysw, (xr, ur), dy, retain_graph=True),
-          {"ours": lambda: swiglu_mod.swiglu_backward(x, u, dy)})
+    row("swiglu", "bwd", 5 * n, run.time(lambda: torch.autograd.grad(ysw, (xr, ur), dy, retain_graph=True)), "ours",
+        run.time(lambda: swiglu_mod.swiglu_backward(x, u, dy)))
 
-    # embedding (uniform ids); torch's backward builds a dense bf16 [V, H] gradient
+    # ---- embedding: torch's backward builds a dense bf16 [V, H] gradient
     def bench_embedding(vocab: int) -> None:
         table = rn(vocab, H)
         ids = torch.randint(0, vocab, (R,), generator=g, device=device)
         tr = table.clone().requires_grad_(True)
         ye = F.embedding(ids, tr)
         mge = torch.zeros(vocab, H, device=device)
-        stepe = CanonicalFold(mge, lengths, emb_mod.TILE).take(rows, (dy, ids))
-        toks = stepe.plan.view(-1).long()
-        b.add("embedding", "fwd", 2 * n, lambda: F.embedding(ids, table),
-              {"ours": lambda: emb_mod.embedding_forward(ids, table)}, note=f"V={vocab}")
-        b.add("embedding", "bwd", n + 4 * n, lambda: torch.autograd.grad(ye, (tr,), dy, retain_graph=True),
-              {"ours_kernels": lambda: emb_mod.embedding_fold(toks, ids, dy, mge),
-               "ours_e2e": lambda: emb_mod.embedding_backward(ids, dy, rows, CanonicalFold(mge, lengths, 1))},
-              note=f"V={vocab}; bytes: read dy (bf16) + read/write the touched fp32 main_grad rows")
+        row("embedding", "fwd", 2 * n, run.time(lambda: F.embedding(ids, table)), "ours",
+            run.time(lambda: emb_mod.embedding_forward(ids, table)), f"V={vocab}")
+        t_torch = run.time(lambda: torch.autograd.grad(ye, (tr,), dy, retain_graph=True))
+        step = CanonicalFold(mge, lengths, emb_mod.TILE).take_tiles(rows, (dy, ids))
+        tokens, tok_ids = emb_mod.step_tokens(step, ids)
+        ida, idb = split_rows(ids, lengths, cut)
+        da, db = split_rows(dy, lengths, cut)
+
+        def e2e_chunked() -> None:
+            fold = CanonicalFold(mge, lengths, emb_mod.TILE)
+            emb_mod.embedding_backward(ida, da, rows_a, fold)
+            emb_mod.embedding_backward(idb, db, rows_b, fold)
+        nb = n + 4 * n  # read dy (bf16) + read / write the touched fp32 main-grad rows
+        row("embedding", "bwd", nb, t_torch, "ours_kernels",
+            run.time(lambda: emb_mod.embedding_fold(tokens, tok_ids, dy, dy, mge)), f"V={vocab}")
+        row("embedding", "bwd", nb, t_torch, "ours_e2e",
+            run.time(lambda: emb_mod.embedding_backward(ids, dy, rows, CanonicalFold(mge, lengths, emb_mod.TILE))),
+            f"V={vocab}; fold + plan + uploads + launches")
+        row("embedding", "bwd", nb, t_torch, "ours_e2e_chunked", run.time(e2e_chunked), f"V={vocab}; 2 calls")
 
     for vocab in args.vocab:
         bench_embedding(vocab)
 
-    # pack / unpack: [16, L, H] with L = R // 16 and random lengths in [L/2, L]
+    # ---- pack / unpack: [16, L, H] with L = R // 16 and random lengths in [L/2, L]
     B, L = 16, R // 16
     lens = torch.randint(L // 2, L + 1, (B,), generator=torch.Generator().manual_seed(3))
     xp = rn(B, L, H)
-    mask = (torch.arange(L)[None, :] < lens[:, None]).view(-1).to(device)
-    idx = torch.nonzero(mask).view(-1)
+    idx = torch.nonzero((torch.arange(L)[None, :] < lens[:, None]).view(-1).to(device)).view(-1)
     T = int(lens.sum())
-    b.add("pack", "fwd", 2 * T * H * 2, lambda: xp.view(-1, H).index_select(0, idx),
-          {"ours": lambda: pack_mod.pack(xp, lens)}, note="torch: index_select with a prebuilt index")
+    row("pack", "fwd", 2 * T * H * 2, run.time(lambda: xp.view(-1, H).index_select(0, idx)), "ours",
+        run.time(lambda: pack_mod.pack(xp, lens)), "torch: index_select with a prebuilt index")
     packed = pack_mod.pack(xp, lens)
-    b.add("unpack", "fwd", 2 * B * L * H * 2,
-          lambda: torch.zeros(B * L, H, device=device, dtype=BF16).index_copy_(0, idx, packed),
-          {"ours": lambda: pack_mod.unpack(packed, lens, L)}, note="torch: zeros + index_copy_")
-    res["ops"] = b.rows
-    res["speed_errors"] = b.errors
+    row("unpack", "fwd", 2 * B * L * H * 2,
+        run.time(lambda: torch.zeros(B * L, H, device=device, dtype=BF16).index_copy_(0, idx, packed)), "ours",
+        run.time(lambda: pack_mod.unpack(packed, lens, L)), "torch: zeros + index_copy_")
+
+
+def host_planning(run: Run, args: argparse.Namespace, device: torch.device) -> None:
+    """Host time per take_tiles call at R rows (CUDA tensors: includes uploads and staging-copy launches)."""
+    R, H = args.rows, args.hidden
+    lengths = irregular_lengths(R, 13, seed=5)
+    _, rows_a, rows_b = chunked(lengths)
+    x = torch.empty(R, H, dtype=BF16, device=device)
+    xa, xb = x[:rows_a.num_rows], x[rows_a.num_rows:]
+    iters = 20 if run.dry else 400
+
+    def per_call(fn: Callable[[], object], calls: int) -> float:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        us = (time.perf_counter() - t) * 1e6 / iters / calls
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return us
+    mg = torch.zeros(8, device=device)
+    ctor = {tile: per_call(lambda tile=tile: CanonicalFold(mg, lengths, tile), 1) for tile in (32, 64)}
+    rows = RowIdentity.packed(lengths)
+    for tile in (32, 64):
+        def packed(tile=tile) -> None:
+            CanonicalFold(mg, lengths, tile).take_tiles(rows, (x, x))
+
+        def chunks(tile=tile) -> None:
+            fold = CanonicalFold(mg, lengths, tile)
+            fold.take_tiles(rows_a, (xa, xa))
+            fold.take_tiles(rows_b, (xb, xb))
+        for layout, fn, calls in (("packed", packed, 1), ("chunked", chunks, 2)):
+            us = per_call(fn, calls) - ctor[tile] / calls
+            run.res["host_planning"].append({"layout": layout, "tile": tile, "rows": R, "us_per_call": us,
+                                             "fold_ctor_us": ctor[tile], "target_us": 50})
+            print(f"host planning {layout:8s} tile {tile:3d}: {us:7.1f} us per call (+ fold ctor {ctor[tile]:.1f} us "
+                  f"per step) target < 50", flush=True)
+    built = per_call(lambda: RowIdentity.packed(lengths), 1)
+    found = per_call(lambda: RowIdentity(rows.sample, rows.position).runs, 1)
+    run.res["row_identity"] = {"packed_us": built, "runs_from_rows_us": found}
+    print(f"RowIdentity.packed {built:.1f} us; runs found from [R] rows {found:.1f} us (once per RowIdentity)")
+    run.save()
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def checks(run: Run, args: argparse.Namespace, device: torch.device) -> None:
+    """Every op through check_kernel on this device (default manifest shapes, every layout), and bitwise
+    invariance at the bench shape (the contract's bitwise rule) for the folding ops."""
+    for op in OPS:
+        report = check_kernel(op, f"triton.{op}", device=device)
+        run.check(f"{op}: every layout green (default shapes, {device.type})", report.ok, report.first_failure or "")
+    lengths = irregular_lengths(args.rows, 13, seed=5)
+    bench_shapes = {"rms_norm": {"hidden": args.hidden}, "qk_norm": {"heads": args.heads,
+                                                                     "head_dim": args.hidden // args.heads},
+                    "embedding": {"vocab": args.vocab[0], "hidden": args.hidden}}
+    for op, shape in bench_shapes.items():
+        report = check_kernel(op, f"triton.{op}", shape=shape, lengths=lengths, device=device,
+                              layouts=["bn_chunked", "bn_permuted"])
+        run.check(f"{op}: bench shape {shape}, {args.rows} rows, chunked / permuted", report.ok,
+                  report.first_failure or "")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="kernels_i.json")
+    ap.add_argument("--out-dir", required=True, help="directory for kernels_i.json")
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256])
     ap.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes")
-    ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--skip-checks", action="store_true")
     args = ap.parse_args()
+    out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        print(f"bench_kernels_i: error: --out-dir {out} is not a directory", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
     if args.dry_run:
         if os.environ.get("TRITON_INTERPRET") != "1":
-            print("--dry-run needs TRITON_INTERPRET=1", file=sys.stderr)
+            print("bench_kernels_i: error: --dry-run needs TRITON_INTERPRET=1", file=sys.stderr)
             return 2
         device = torch.device("cpu")
-        args.rows, args.hidden, args.heads, args.vocab = 256, 128, 4, [64]
+        args.rows, args.hidden, args.heads, args.vocab = 512, 128, 4, [64]
     else:
         if not torch.cuda.is_available():
-            print("no CUDA device (use --dry-run under TRITON_INTERPRET=1 for a plumbing check)", file=sys.stderr)
+            print("bench_kernels_i: error: no CUDA device (use --dry-run under TRITON_INTERPRET=1)", file=sys.stderr)
             return 2
         device = torch.device("cuda")
-    res: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu-interpreter",
-                 "torch": torch.__version__, "triton": triton.__version__, "host": platform.node(),
-                 "shape": {"rows": args.rows, "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab},
-                 "interpret": _common.INTERPRET}
-    failures: list[str] = []
-
-    # smoke: accuracy at the unit-test shapes on this device
+    run = Run(out / "kernels_i.json", args.dry_run)
+    run.res["meta"] = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu-interpreter",
+                       "torch": torch.__version__, "triton": triton.__version__, "host": platform.node(),
+                       "shape": {"rows": args.rows, "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab},
+                       "fast_launch": _common.FAST_LAUNCH}
     try:
-        acc = smoke_accuracy(device)
-    except Exception as exc:
-        acc = {}
-        failures.append(f"smoke crashed: {type(exc).__name__}: {exc}")
-        print("ERROR", failures[-1], flush=True)
-    res["smoke_accuracy"] = acc
-    bad = {k: v for k, v in acc.items() if not (v < 2e-2)}
-    print("smoke accuracy (normwise rel. err vs fp64; *_exact: 0 = bit-exact):",
-          " ".join(f"{k}={v:.2e}" for k, v in acc.items()), flush=True)
-    failures += [f"accuracy {k}" for k in bad]
-
-    # invariance: unit-test shapes (all layouts) and the bench shape (B=N vs chunked vs permuted)
-    small_lengths = [37, 5, 64, 1, 23]
-    big_lengths = irregular_lengths(args.rows, 13, seed=5)
-    inv: dict[str, dict[str, dict[str, bool]]] = {"small": {}, "bench": {}}
-    for op in ("rms_norm", "qk_norm", "rope", "silu", "swiglu", "embedding"):
-        for scale, (lens, hid, nh, voc, small) in {
-                "small": (small_lengths, 96, 3, 50, True),
-                "bench": (big_lengths, args.hidden, args.heads, args.vocab[0], False)}.items():
-            try:
-                inv[scale][op] = invariance_suite(op, lens, hid, nh, voc, small, device)
-            except Exception as exc:
-                inv[scale][op] = {f"crashed: {type(exc).__name__}: {exc}": False}
-        for scale in ("small", "bench"):
-            print(f"invariance {scale:5s} {op:10s}", inv[scale][op], flush=True)
-            failures += [f"invariance {scale} {op} {k}" for k, ok in inv[scale][op].items() if not ok]
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    res["invariance"] = inv
-
-    if not args.skip_speed:
-        try:
-            speed(args, device, res)
-        except Exception as exc:
-            failures.append(f"speed crashed: {type(exc).__name__}: {exc}")
-            print("ERROR", failures[-1], flush=True)
-    res["failures"] = failures
-    print("FAILURES:" if failures else "all invariance / accuracy checks passed", failures or "", flush=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1, default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o))
-    print(f"wrote {args.out}")
-    return 1 if failures else 0
+        if not args.skip_checks:
+            checks(run, args, device)
+        speed(run, args, device)
+        host_planning(run, args, device)
+    finally:
+        run.save()
+    failed = [c["name"] for c in run.res["checks"] if not c["pass"]]
+    print("FAILED CHECKS: " + "; ".join(failed) if failed else "all checks passed", flush=True)
+    print(f"wrote {run.path}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

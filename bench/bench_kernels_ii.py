@@ -1,384 +1,416 @@
-"""H200 benchmark + GPU correctness for the Triton GEMM / lm_head / logp / linear_logp kernels (issue 5).
+"""Speed and correctness of the Triton GEMM / lm_head / logp / linear_logp kernels (issues 5 and 13), in one run.
 
-Usage: PYTHONPATH=. python bench/bench_kernels_ii.py --out results.json
-Measures the copy-bandwidth and cuBLAS ceilings in the same run, each kernel against its ceiling,
-and checks on the GPU, at full size, bitwise M-independence and dW equality across call splits.
-Imports only torch, triton, gradsweep.canonical and gradsweep.triton_kernels.
+    PYTHONPATH=. python bench/bench_kernels_ii.py --out-dir OUT            # CUDA box: writes OUT/kernels_ii.json
+    TRITON_INTERPRET=1 PYTHONPATH=. python bench/bench_kernels_ii.py --dry-run --out-dir OUT   # CPU: plumbing
+
+Speed, with the copy-bandwidth and cuBLAS ceilings of the same run: forward GEMM and dX against cuBLAS (small M
+split into host and device time), the canonical dW fold ``kernels`` (a prepared fold step) next to ``e2e`` (a
+fresh CanonicalFold, take_tiles, uploads, launches, kernels: what a training step pays), packed and chunked,
+selected-token logp, fused linear_logp.
+Correctness, never with a private tolerance: every op through ``check_kernel`` (the sweep's own judge, the
+contract's bounds) at the default manifest's shapes on this device; at full size, bitwise: M-independence of
+rows, dW across call splits, dW from staged storage, e2e vs kernels-only. Any failed check or exception exits
+non-zero (the JSON written so far is kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
+import sys
 import time
-import traceback
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.harness.kernel_check import check_kernel
 from gradsweep.triton_kernels import gemm
 from gradsweep.triton_kernels import linear_logp as ll
 from gradsweep.triton_kernels import logp as lp
-from gradsweep.triton_kernels.gemm import TILE, det_linear, dw_fold_raw, matmul_invariant
+from gradsweep.triton_kernels._common import same_bits
+from gradsweep.triton_kernels.gemm import TILE, det_linear, dw_fold, dw_fold_tiles, matmul_invariant
 
-RES: dict = {"meta": {}, "ceilings": {}, "perf": [], "checks": [], "errors": []}
-OUT = "kernels_ii.json"
-
-
-def save() -> None:
-    with open(OUT, "w") as f:
-        json.dump(RES, f, indent=1)
+OPS = ("det_gemm", "lm_head", "logp", "linear_logp")
 
 
-def bench(fn, warm: bool = True) -> float:
-    """Median ms; one call first so autotuning is outside the timing."""
-    if warm:
+class Run:
+    """Results of the run, saved after every row (a crash keeps what was measured)."""
+
+    def __init__(self, path: Path, dry: bool, device: torch.device) -> None:
+        self.path, self.dry, self.device = path, dry, device
+        self.res: dict = {"meta": {}, "ceilings": {}, "perf": [], "checks": []}
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps(self.res, indent=1))
+
+    def bench(self, fn: Callable[[], object]) -> float:
+        """Median ms; one call first so that tuning stays outside the timing."""
+        fn()
+        if self.dry:
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+        torch.cuda.synchronize()
+        return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+    def perf(self, name: str, ours: float, ref: float, ref_name: str, target: float | None, **extra) -> None:
+        row = {"name": name, "ours_ms": ours, "ref_ms": ref, "ref": ref_name, "ratio": ours / ref,
+               "target": target, "meets": None if target is None else ours / ref <= target, **extra}
+        self.res["perf"].append(row)
+        tgt = "" if target is None else f"target <= {target:.2f}x {'PASS' if row['meets'] else 'MISS'}"
+        print(f"{name:<52} ours {ours:9.4f} ms  {ref_name} {ref:9.4f} ms  ratio {ours / ref:5.2f}  {tgt} "
+              + " ".join(f"{k}={v}" for k, v in extra.items()), flush=True)
+        self.save()
+
+    def check(self, name: str, ok: bool, detail: str = "") -> None:
+        self.res["checks"].append({"name": name, "pass": bool(ok), "detail": detail})
+        print(f"CHECK {name:<60} {'PASS' if ok else 'FAIL'} {detail}", flush=True)
+        self.save()
+
+    def rnd(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, device=self.device) * scale).to(torch.bfloat16)
+
+
+def sample_lengths(total: int, seed: int, lo: int, hi: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    out, left = [], total
+    while left > 0:
+        n = min(left, int(torch.randint(lo, hi, (1,), generator=g)))
+        out.append(n)
+        left -= n
+    return out
+
+
+def split(t: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, RowIdentity, RowIdentity]:
+    """Rows of a packed step -> the chunked calls' rows (first 3/7 of every sample, then the rest)."""
+    offs = [0]
+    for n in lengths:
+        offs.append(offs[-1] + n)
+    cut = [min(n, (3 * n) // 7 + 1) for n in lengths]
+    a = torch.cat([t[o:o + c] for o, c in zip(offs, cut)]).contiguous()
+    b = torch.cat([t[o + c:o + n] for o, c, n in zip(offs, cut, lengths)]).contiguous()
+    return a, b, RowIdentity.packed(cut), RowIdentity.packed([n - c for n, c in zip(lengths, cut)], starts=cut)
+
+
+# ----------------------------------------------------------------------------------------------- sections
+def correctness(run: Run) -> None:
+    """Every op through check_kernel on this device: every layout of the default manifest, the contract's bounds."""
+    for op in OPS:
+        report = check_kernel(op, f"triton.{op}", device=run.device)
+        run.check(f"{op}: every layout green (default shapes, {run.device.type})", report.ok,
+                  report.first_failure or "")
+
+
+def ceilings(run: Run, big: int, mm: int) -> None:
+    x = torch.empty(big, dtype=torch.bfloat16, device=run.device).normal_()
+    y = torch.empty_like(x)
+    run.res["ceilings"]["copy_GBps"] = 2 * x.numel() * 2 / run.bench(lambda: y.copy_(x)) / 1e6
+    a, b = run.rnd(mm, mm), run.rnd(mm, mm)
+    run.res["ceilings"]["cublas_bf16_TFLOPs"] = 2 * mm ** 3 / run.bench(lambda: a @ b) / 1e9
+    print("ceilings", run.res["ceilings"], flush=True)
+
+
+def invariance(run: Run, k: int, vocab: int, rows: int) -> None:
+    """Bitwise, at full size: rows independent of M and of their neighbours; dW across call splits."""
+    for n in (k, vocab):
+        w = run.rnd(n, k, scale=0.02)
+        x = run.rnd(rows, k)
+        full = matmul_invariant(x, w)
+        for m in (1, 16, 256):
+            run.check(f"fwd M-independence N={n} M={m}", same_bits(matmul_invariant(x[:m], w), full[:m]))
+        for i in (5, rows // 4, rows - 1):
+            run.check(f"fwd row {i} alone N={n}", same_bits(matmul_invariant(x[i:i + 1], w), full[i:i + 1]))
+    w = run.rnd(k, k, scale=0.02)
+    dy = run.rnd(rows, k)
+    dfull = matmul_invariant(dy, w.t())
+    for m in (1, 16, 256):
+        run.check(f"dX M-independence M={m}", same_bits(matmul_invariant(dy[:m], w.t()), dfull[:m]))
+    # unaligned dX (N = 509: no contiguity hint, strided operands)
+    w2, dy2 = run.rnd(600, 520, scale=0.02), run.rnd(rows, 600)
+    d_full = matmul_invariant(dy2[:, :500], w2[:500, :509].t())
+    for m in (1, 7, 256):
+        run.check(f"dX unaligned M-independence M={m}",
+                  same_bits(matmul_invariant(dy2[:m, :500], w2[:500, :509].t()), d_full[:m]))
+    # dW through det_linear's autograd: one call vs chunks split inside tiles vs one call per sample
+    lengths = sample_lengths(rows, 1, rows // 8, rows // 3)
+    ident = RowIdentity.packed(lengths)
+    x, wp, dy = run.rnd(rows, k), run.rnd(k, k, scale=0.02).requires_grad_(), run.rnd(rows, k)
+
+    def dw(bounds: list[tuple[int, int]]) -> torch.Tensor:
+        mg = torch.zeros(k, k, dtype=torch.float32, device=run.device)
+        fold = CanonicalFold(mg, lengths, TILE)
+        for lo, hi in bounds:
+            y = det_linear(x[lo:hi], wp, RowIdentity(ident.sample[lo:hi], ident.position[lo:hi]), fold)
+            y.backward(dy[lo:hi])
+        fold.finish()
+        return mg
+    a = dw([(0, rows)])
+    odd = rows // 2 + 37
+    run.check("dW B=N vs 2 chunked calls (cut inside a tile)", same_bits(a, dw([(0, odd), (odd, rows)])))
+    run.check("dW B=N vs 2 chunked calls in reverse order", same_bits(a, dw([(odd, rows), (0, odd)])))
+    offs = [0]
+    for n in lengths:
+        offs.append(offs[-1] + n)
+    run.check("dW B=N vs N x B=1", same_bits(a, dw(list(itertools.pairwise(offs)))))
+
+
+def launch_split(run: Run) -> None:
+    """Small-M forward and dX: host time (fast launch on / off) vs device time (graph replay), vs cuBLAS."""
+    def gpu_time(fns) -> float:
+        for f in fns:
+            f()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(24):
+                fns[i % len(fns)]()
+        g.replay()
+        torch.cuda.synchronize()
+        return float(triton.testing.do_bench(g.replay, warmup=10, rep=60, return_mode="median")) / 24
+
+    def host_time(fn, n: int = 300) -> float:
         fn()
         torch.cuda.synchronize()
-    return do_bench(fn, warmup=10, rep=60, return_mode="median")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        return (t1 - t0) * 1e3 / n
 
-
-def perf(name: str, ours: float, ref: float, ref_name: str, target: float | None, **extra) -> None:
-    row = {"name": name, "ours_ms": ours, "ref_ms": ref, "ref": ref_name, "ratio": ours / ref,
-           "target": target, "meets": None if target is None else ours / ref <= target, **extra}
-    RES["perf"].append(row)
-    tgt = "" if target is None else f"target <= {target:.2f}x {'PASS' if row['meets'] else 'MISS'}"
-    print(f"{name:<44} ours {ours:9.4f} ms  {ref_name} {ref:9.4f} ms  ratio {ours / ref:5.2f}  {tgt} "
-          + " ".join(f"{k}={v}" for k, v in extra.items()), flush=True)
-    save()
-
-
-def check(name: str, ok: bool, **extra) -> None:
-    RES["checks"].append({"name": name, "pass": bool(ok), **extra})
-    print(f"CHECK {name:<56} {'PASS' if ok else 'FAIL'} " + " ".join(f"{k}={v}" for k, v in extra.items()),
-          flush=True)
-    save()
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    iv = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[a.dtype]
-    return bool(torch.equal(a.contiguous().view(iv), b.contiguous().view(iv)))
-
-
-def section(fn) -> None:
-    t0 = time.time()
-    try:
-        fn()
-    except Exception as e:  # keep the other sections running, record the failure
-        RES["errors"].append({"section": fn.__name__, "error": repr(e),
-                              "trace": traceback.format_exc()[-3000:]})
-        print(f"ERROR in {fn.__name__}: {e!r}", flush=True)
-        traceback.print_exc()
-    print(f"-- {fn.__name__} took {time.time() - t0:.1f} s", flush=True)
-    save()
-
-
-def rnd(*shape, scale=1.0, dtype=torch.bfloat16):
-    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
-
-
-def gpu_time(fns) -> float:
-    """Device time per call (ms): a CUDA graph of 24 calls cycling over ``fns`` (distinct buffers, so
-    the weights are not served from L2), its replays timed with events; launch gaps vanish."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(24):
-            fns[i % len(fns)]()
-    g.replay()
-    torch.cuda.synchronize()
-    return do_bench(g.replay, warmup=10, rep=60, return_mode="median") / 24
-
-
-def host_time(fn, n: int = 300) -> float:
-    """Host time per call (ms): back-to-back launches without a sync (the GPU keeps up when its
-    work per call is shorter than the host's), then one sync."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) * 1e3 / n
-
-
-def launch_split() -> None:
-    """Small-M forward and dX: host time (fast launch on / off) vs device time (graph replay), vs cuBLAS."""
     k = n = 4096
-    ws = [rnd(n, k, scale=0.02) for _ in range(4)]
+    ws = [run.rnd(n, k, scale=0.02) for _ in range(4)]
     for m in (1, 16, 256):
-        x = rnd(m, k)
-        for what, ours, ref in (
-                ("fwd", [lambda w=w, x=x: matmul_invariant(x, w) for w in ws], [lambda w=w, x=x: x @ w.T for w in ws]),
-                ("dX", [lambda w=w, x=x: matmul_invariant(x, w.t()) for w in ws],
-                 [lambda w=w, x=x: x @ w for w in ws])):
+        x = run.rnd(m, k)
+        fwd = ([lambda w=w, x=x: matmul_invariant(x, w) for w in ws], [lambda w=w, x=x: x @ w.T for w in ws])
+        dx = ([lambda w=w, x=x: matmul_invariant(x, w.t()) for w in ws], [lambda w=w, x=x: x @ w for w in ws])
+        for what, (ours, ref) in (("fwd", fwd), ("dX", dx)):
             row = {"name": f"{what} M={m} N=K=4096 launch split"}
             for fast in (True, False):
                 gemm.FAST_LAUNCH = fast
                 row[f"host_ms_fast{int(fast)}"] = host_time(ours[0])
-                row[f"do_bench_ms_fast{int(fast)}"] = bench(ours[0])
+                row[f"do_bench_ms_fast{int(fast)}"] = run.bench(ours[0])
             gemm.FAST_LAUNCH = True
             row["gpu_ms"] = gpu_time(ours)
             row["cublas_host_ms"] = host_time(ref[0])
             row["cublas_gpu_ms"] = gpu_time(ref)
-            row["cublas_do_bench_ms"] = bench(ref[0])
             row["gpu_ratio"] = row["gpu_ms"] / row["cublas_gpu_ms"]
-            RES["perf"].append(row)
-            print("  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{v}" for k, v in row.items()),
-                  flush=True)
-            save()
+            run.res["perf"].append(row)
+            print("  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{v}" for k, v in row.items()), flush=True)
+            run.save()
 
 
-def ceilings() -> None:
-    x = torch.empty(2 ** 29, dtype=torch.bfloat16, device="cuda").normal_()  # 1 GiB
-    y = torch.empty_like(x)
-    t = bench(lambda: y.copy_(x))
-    RES["ceilings"]["copy_GBps"] = 2 * x.numel() * 2 / t / 1e6
-    a, b = rnd(8192, 8192), rnd(8192, 8192)
-    t = bench(lambda: a @ b)
-    RES["ceilings"]["cublas_bf16_TFLOPs"] = 2 * 8192 ** 3 / t / 1e9
-    print("ceilings", RES["ceilings"], flush=True)
-
-
-def forward_gemm() -> None:
-    k = 4096
-    for n, ms in ((4096, (1, 16, 256, 4096)), (14336, (16, 4096)), (151936, (16, 4096))):
-        w = rnd(n, k, scale=0.02)
+def forward_dx(run: Run, k: int, shapes: tuple[tuple[int, tuple[int, ...]], ...]) -> None:
+    for n, ms in shapes:
+        w = run.rnd(n, k, scale=0.02)
         for m in ms:
-            x = rnd(m, k)
-            t_o = bench(lambda x=x, w=w: matmul_invariant(x, w))
-            t_c = bench(lambda x=x, w=w: x @ w.T)
-            perf(f"fwd M={m} N={n} K={k}", t_o, t_c, "cuBLAS", 1.10 if m >= 256 else 1.25,
-                 TFLOPs=round(2 * m * n * k / t_o / 1e9, 1))
+            x = run.rnd(m, k)
+            t_o = run.bench(lambda x=x, w=w: matmul_invariant(x, w))
+            t_c = run.bench(lambda x=x, w=w: x @ w.T)
+            run.perf(f"fwd M={m} N={n} K={k}", t_o, t_c, "cuBLAS", 1.10 if m >= 256 else 1.25,
+                     TFLOPs=round(2 * m * n * k / t_o / 1e9, 1))
+    w = run.rnd(k, k, scale=0.02)
+    for m in shapes[0][1]:
+        dy = run.rnd(m, k)
+        t_o = run.bench(lambda dy=dy: matmul_invariant(dy, w.t()))
+        t_c = run.bench(lambda dy=dy: dy @ w)
+        run.perf(f"dX M={m} N={k} K={k}", t_o, t_c, "cuBLAS", 1.10 if m >= 256 else 1.25)
 
 
-def dx_gemm() -> None:
-    k = n = 4096
-    w = rnd(n, k, scale=0.02)
-    for m in (16, 256, 4096):
-        dy = rnd(m, n)
-        t_o = bench(lambda dy=dy: matmul_invariant(dy, w.t()))
-        t_c = bench(lambda dy=dy: dy @ w)
-        perf(f"dX M={m} N={n} K={k}", t_o, t_c, "cuBLAS", 1.10 if m >= 256 else 1.25)
+def dw_gemm(run: Run, k: int, sizes: tuple[int, ...]) -> None:
+    """The canonical dW fold: kernels-only vs end to end (packed and chunked) vs cuBLAS X^T dY; bits of each."""
+    for t in sizes:
+        dw_gemm_at(run, k, t)
 
 
-def dw_gemm() -> None:
-    n = k = 4096
-    for t in (4096, 16384):
-        x, dy = rnd(t, k), rnd(t, n)
-        plan = torch.arange(t, dtype=torch.int32, device="cuda").view(-1, TILE)
-        mg = torch.zeros(n, k, dtype=torch.float32, device="cuda")
-        t_o = bench(lambda plan=plan, x=x, dy=dy, mg=mg: dw_fold_raw(plan, x, dy, mg))
-        t_c = bench(lambda x=x, dy=dy: dy.t() @ x)
-        extra = {}
-        try:
-            t_c32 = bench(lambda x=x, dy=dy: torch.mm(dy.t(), x, out_dtype=torch.float32))
-            extra["cublas_fp32_out_ms"] = round(t_c32, 4)
-        except Exception as e:  # out_dtype is recent
-            extra["cublas_fp32_out"] = repr(e)[:80]
-        perf(f"dW fold T={t} N=K=4096 (fp32 main grad)", t_o, t_c, "cuBLAS X^T dY",
-             1.10 if t >= 16384 else 1.25, **extra)
-        mg.zero_()
-        dw_fold_raw(plan, x, dy, mg)
-        ref = dy.double().t() @ x.double()
-        check(f"dW accuracy T={t}", True, rel_err=float((mg.double() - ref).norm() / ref.norm()))
-        # the same canonical tiles read from permuted storage: gather addresses change, bits must not
-        perm = torch.randperm(t, device="cuda")
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(t, device="cuda")
-        mg2 = torch.zeros_like(mg)
-        dw_fold_raw(inv.to(torch.int32).view(-1, TILE), x[perm], dy[perm], mg2)
-        check(f"dW bits: contiguous plan vs permuted storage T={t}", same_bits(mg, mg2))
-        # a packed plan (samples of odd lengths: partial tiles with -1 rows) at the same size
-        lengths, left = [], t
-        g = torch.Generator().manual_seed(t)
-        while left > 0:
-            n_s = min(left, int(torch.randint(100, 3000, (1,), generator=g)))
-            lengths.append(n_s)
-            left -= n_s
-        fold = CanonicalFold(torch.zeros(n, k, dtype=torch.float32, device="cuda"), lengths, TILE)
-        step = fold.take(RowIdentity.packed(lengths), (x, dy))
-        t_p = bench(lambda step=step, mg=mg, x=x, dy=dy: dw_fold_raw(step.plan, x, dy, mg))
-        perf(f"dW fold packed T={t} ({len(lengths)} samples, {step.num_tiles} tiles)", t_p, t_c,
-             "cuBLAS X^T dY", None)
-
-
-def logp_bench() -> None:
-    r, v = 4096, 151936
-    logits = rnd(r, v, scale=2.0)
-    tg = torch.randint(0, v, (r,), device="cuda")
-    t_o = bench(lambda: lp.logp_forward(logits, tg))
-    gbps = r * v * 2 / t_o / 1e6
-    frac = gbps / RES["ceilings"]["copy_GBps"]
-    RES["perf"].append({"name": "selected_logp fwd R=4096 V=151936", "ours_ms": t_o, "GBps": gbps,
-                        "frac_of_copy_bw": frac, "target": ">= 0.75", "meets": frac >= 0.75})
-    print(f"selected_logp fwd: {t_o:.4f} ms  {gbps:.0f} GB/s = {frac:.2f} of copy bw (target >= 0.75)",
-          flush=True)
-    _, lse = lp.logp_forward(logits, tg)
-    g = torch.randn(r, device="cuda")
-    t_b = bench(lambda: lp.logp_backward(logits, tg, lse, g))
-    gb = r * v * 4 / t_b / 1e6
-    RES["perf"].append({"name": "selected_logp bwd R=4096 V=151936", "ours_ms": t_b, "GBps": gb,
-                        "frac_of_copy_bw": gb / RES["ceilings"]["copy_GBps"]})
-    print(f"selected_logp bwd: {t_b:.4f} ms  {gb:.0f} GB/s = {gb / RES['ceilings']['copy_GBps']:.2f}",
-          flush=True)
-    out, _ = lp.logp_forward(logits, tg)
-    ref = torch.log_softmax(logits[:256].double(), 1).gather(1, tg[:256, None])[:, 0]
-    check("logp accuracy (256 rows)", True, max_abs=float((out[:256].double() - ref).abs().max()))
-    full = out
-    for m in (1, 16, 256):
-        check(f"logp M-independence M={m}", same_bits(lp.logp_forward(logits[:m], tg[:m])[0], full[:m]))
-
-
-def linear_logp_bench() -> None:
-    r, v, k = 4096, 151936, 4096
-    h, w = rnd(r, k), rnd(v, k, scale=0.02)
-    tg = torch.randint(0, v, (r,), device="cuda")
-    t_c = bench(lambda: h @ w.T)
-    t_ours_gemm = bench(lambda: matmul_invariant(h, w))
-    perf("lm_head GEMM (ours) R=4096 V=151936", t_ours_gemm, t_c, "cuBLAS", 1.10)
-    t_f = bench(lambda: ll.fused_forward(h, w, tg))
-    perf("linear_logp fwd R=4096 V=151936", t_f, t_c, "cuBLAS lm_head", 1.15)
-    for alt in ({"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 2048, "num_warps": 8, "num_stages": 3},
-                {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 4096, "num_warps": 8, "num_stages": 3},
-                {"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 4096, "num_warps": 8, "num_stages": 4},
-                {"BM": 64, "BV": 256, "BK": 64, "VCHUNK": 2048, "num_warps": 4, "num_stages": 4}):
-        try:
-            t_a = bench(lambda alt=alt: ll.fused_forward(h, w, tg, cfg=alt))
-            perf(f"  alt fwd cfg {alt}", t_a, t_c, "cuBLAS lm_head", None)
-        except Exception as e:
-            RES["errors"].append({"section": f"alt {alt}", "error": repr(e)[:300]})
-    lengths = [1024, 1500, 1572]
+def dw_gemm_at(run: Run, k: int, t: int) -> None:
+    n = k
+    x, dy = run.rnd(t, k), run.rnd(t, n)
+    lengths = sample_lengths(t, t, max(2, t // 40), max(3, t // 5))  # odd lengths: partial tiles
     rows = RowIdentity.packed(lengths)
-    mg = torch.zeros(v, k, dtype=torch.float32, device="cuda")
-    hh = h.clone().requires_grad_()
-    wp = w.clone().requires_grad_()
+    mg = torch.zeros(n, k, dtype=torch.float32, device=run.device)
+    step = CanonicalFold(mg, lengths, TILE).take_tiles(rows, (x, dy))
+    xa, xb, rows_a, rows_b = split(x, lengths)
+    da, db, _, _ = split(dy, lengths)
 
-    def fwd_bwd():
+    def e2e() -> None:
+        dw_fold(CanonicalFold(mg, lengths, TILE).take_tiles(rows, (x, dy)), x, dy, mg)
+
+    def e2e_chunked() -> None:
         fold = CanonicalFold(mg, lengths, TILE)
-        ll.linear_logp(hh, wp, tg, rows, fold).sum().backward()
+        dw_fold(fold.take_tiles(rows_a, (xa, da)), xa, da, mg)
+        dw_fold(fold.take_tiles(rows_b, (xb, db)), xb, db, mg)
+    t_k = run.bench(lambda: dw_fold_tiles(step.desc, x, dy, mg))
+    t_c = run.bench(lambda: dy.t() @ x)
+    note = {"samples": len(lengths), "tiles": step.num_tiles}
+    run.perf(f"dW fold T={t} N=K={k} kernels (fp32 main grad)", t_k, t_c, "cuBLAS X^T dY",
+             1.10 if t >= 16384 else 1.25, **note)
+    t_e = run.bench(e2e)
+    run.perf(f"dW fold T={t} N=K={k} e2e (fold + plan + upload)", t_e, t_c, "cuBLAS X^T dY", None, **note,
+             e2e_over_kernels=round(t_e / t_k, 4), e2e_target="<= 1.03x kernels")
+    t_ec = run.bench(e2e_chunked)
+    run.perf(f"dW fold T={t} N=K={k} e2e chunked (2 calls)", t_ec, t_c, "cuBLAS X^T dY", None, **note,
+             e2e_over_kernels=round(t_ec / t_k, 4))
+    # bits: kernels-only = e2e = chunked e2e = the same tiles read from staged storage in another order
+    ref = dw_fold_tiles(step.desc, x, dy, torch.zeros_like(mg))
+    got = torch.zeros_like(mg)
+    dw_fold(CanonicalFold(got, lengths, TILE).take_tiles(rows, (x, dy)), x, dy, got)
+    run.check(f"dW T={t}: e2e and kernels-only same bits", same_bits(ref, got))
+    got = torch.zeros_like(mg)
+    fold = CanonicalFold(got, lengths, TILE)
+    dw_fold(fold.take_tiles(rows_a, (xa, da)), xa, da, got)
+    dw_fold(fold.take_tiles(rows_b, (xb, db)), xb, db, got)
+    run.check(f"dW T={t}: chunked calls (tiles split across them) same bits", same_bits(ref, got))
+    d = step.host_desc
+    perm = torch.randperm(step.num_tiles)
+    xs = torch.empty(step.num_tiles * TILE, k, dtype=x.dtype, device=x.device)
+    dys = torch.empty(step.num_tiles * TILE, n, dtype=dy.dtype, device=dy.device)
+    staged = torch.tensor(d).clone()
+    for block, tile_idx in enumerate(perm.tolist()):
+        r0, cnt = int(d[tile_idx, 0]), int(d[tile_idx, 1])
+        xs[block * TILE:block * TILE + cnt] = x[r0:r0 + cnt]
+        dys[block * TILE:block * TILE + cnt] = dy[r0:r0 + cnt]
+        staged[tile_idx, 0] = -block * TILE - 1
+    got = dw_fold_tiles(staged.to(run.device), x, dy, torch.zeros_like(mg), xs, dys)
+    run.check(f"dW T={t}: tiles read from staged storage in another order same bits", same_bits(ref, got))
+
+
+def logp_bench(run: Run, r: int, v: int) -> None:
+    logits = run.rnd(r, v, scale=2.0)
+    tg = torch.randint(0, v, (r,), device=run.device)
+    if "copy_GBps" not in run.res["ceilings"]:
+        ceilings(run, 1 << (19 if run.dry else 29), 64 if run.dry else 8192)
+    copy = run.res["ceilings"]["copy_GBps"]
+    t_o = run.bench(lambda: lp.logp_forward(logits, tg))
+    gbps = r * v * 2 / t_o / 1e6
+    run.res["perf"].append({"name": f"selected_logp fwd R={r} V={v}", "ours_ms": t_o, "GBps": gbps,
+                            "frac_of_copy_bw": gbps / copy, "target": ">= 0.75", "meets": gbps / copy >= 0.75})
+    print(f"selected_logp fwd: {t_o:.4f} ms  {gbps:.0f} GB/s = {gbps / copy:.2f} of copy bw (target >= 0.75)",
+          flush=True)
+    out, lse = lp.logp_forward(logits, tg)
+    g = torch.randn(r, device=run.device)
+    t_b = run.bench(lambda: lp.logp_backward(logits, tg, lse, g))
+    gb = r * v * 4 / t_b / 1e6
+    run.res["perf"].append({"name": f"selected_logp bwd R={r} V={v}", "ours_ms": t_b, "GBps": gb,
+                            "frac_of_copy_bw": gb / copy})
+    print(f"selected_logp bwd: {t_b:.4f} ms  {gb:.0f} GB/s = {gb / copy:.2f}", flush=True)
+    for m in (1, 16, 256):
+        run.check(f"logp M-independence M={m}", same_bits(lp.logp_forward(logits[:m], tg[:m])[0], out[:m]))
+    run.save()
+
+
+def linear_logp_bench(run: Run, r: int, v: int, k: int) -> None:
+    h, w = run.rnd(r, k), run.rnd(v, k, scale=0.02)
+    tg = torch.randint(0, v, (r,), device=run.device)
+    t_c = run.bench(lambda: h @ w.T)
+    run.perf(f"lm_head GEMM (ours) R={r} V={v}", run.bench(lambda: matmul_invariant(h, w)), t_c, "cuBLAS", 1.10)
+    run.perf(f"linear_logp fwd R={r} V={v}", run.bench(lambda: ll.fused_forward(h, w, tg)), t_c, "cuBLAS lm_head",
+             1.15)
+    lengths = sample_lengths(r, 7, r // 5, r // 2)
+    rows = RowIdentity.packed(lengths)
+    mg = torch.zeros(v, k, dtype=torch.float32, device=run.device)
+    hh, wp = h.clone().requires_grad_(), w.clone().requires_grad_()
+
+    def fwd_bwd() -> None:
+        ll.linear_logp(hh, wp, tg, rows, CanonicalFold(mg, lengths, TILE)).sum().backward()
         hh.grad = None
     fwd_bwd()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fwd_bwd()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    t_fb = bench(fwd_bwd, warm=False)
-    perf("linear_logp fwd+bwd R=4096 V=151936", t_fb, t_c, "cuBLAS lm_head", 3.3,
-         peak_extra_GB=round(peak / 1e9, 3), full_logits_GB=round(r * v * 2 / 1e9, 3))
-    # accuracy vs fp64 on a few rows
-    out, _ = ll.fused_forward(h, w, tg)
-    ref = torch.log_softmax(h[:64].double() @ w.double().T, 1).gather(1, tg[:64, None])[:, 0]
-    check("linear_logp fwd accuracy (64 rows)", True, max_abs=float((out[:64].double() - ref).abs().max()))
+    peak = None
+    if not run.dry:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fwd_bwd()
+        torch.cuda.synchronize()
+        peak = round((torch.cuda.max_memory_allocated() - base) / 1e9, 3)
+    run.perf(f"linear_logp fwd+bwd e2e R={r} V={v}", run.bench(fwd_bwd), t_c, "cuBLAS lm_head", 3.3,
+             peak_extra_GB=peak, full_logits_GB=round(r * v * 2 / 1e9, 3))
+    out = ll.fused_forward(h, w, tg)[0]
     for m in (1, 16, 256):
-        part = ll.fused_forward(h[:m], w, tg[:m])[0]
-        check(f"linear_logp fwd M-independence M={m}", same_bits(part, out[:m]))
-    # dhidden M-independence (weight frozen: no fold needed)
-    def dh(m):
-        x = h[:m].clone().requires_grad_()
-        ll.linear_logp(x, w, tg[:m], RowIdentity.packed([m]), None).sum().backward()
-        return x.grad
-    full = dh(r)
-    for m in (1, 16, 256):
-        check(f"linear_logp dhidden M-independence M={m}", same_bits(dh(m), full[:m]))
-    # dW: B=N one call vs two calls split inside a tile
-    def dw(split):
-        mgx = torch.zeros(v, k, dtype=torch.float32, device="cuda")
-        fold = CanonicalFold(mgx, lengths, TILE)
-        for lo, hi in split:
+        run.check(f"linear_logp fwd M-independence M={m}", same_bits(ll.fused_forward(h[:m], w, tg[:m])[0], out[:m]))
+
+    def dw(bounds: list[tuple[int, int]]) -> torch.Tensor:
+        acc = torch.zeros(v, k, dtype=torch.float32, device=run.device)
+        fold = CanonicalFold(acc, lengths, TILE)
+        for lo, hi in bounds:
             ll.linear_logp(h[lo:hi], wp, tg[lo:hi], RowIdentity(rows.sample[lo:hi], rows.position[lo:hi]),
                            fold).sum().backward()
         fold.finish()
-        return mgx
+        return acc
+    odd = r // 2 + 37
     a = dw([(0, r)])
-    b = dw([(0, 1700), (1700, r)])
-    check("linear_logp dW B=N vs 2 chunked calls", same_bits(a, b))
+    run.check("linear_logp dW B=N vs 2 chunked calls (cut inside a tile)", same_bits(a, dw([(0, odd), (odd, r)])))
+    run.check("linear_logp dW B=N vs 2 chunked calls in reverse order", same_bits(a, dw([(odd, r), (0, odd)])))
 
 
-def invariance() -> None:
-    k = 4096
-    for n in (4096, 151936):
-        w = rnd(n, k, scale=0.02)
-        x = rnd(4096, k)
-        full = matmul_invariant(x, w)
-        for m in (1, 16, 256):
-            check(f"fwd M-independence N={n} M={m}", same_bits(matmul_invariant(x[:m], w), full[:m]))
-        for i in (5, 1000, 4095):
-            check(f"fwd row {i} alone N={n}", same_bits(matmul_invariant(x[i:i + 1], w), full[i:i + 1]))
-        if n == 4096:
-            ref = x[:64].double() @ w.double().T
-            check("fwd accuracy (64 rows)", True,
-                  rel_err=float((full[:64].double() - ref).norm() / ref.norm()))
-            dy = rnd(4096, n)
-            dfull = matmul_invariant(dy, w.t())
-            ref = dy[:64].double() @ w.double()
-            check("dX accuracy (64 rows)", True, rel_err=float((dfull[:64].double() - ref).norm() / ref.norm()))
-            for m in (1, 16, 256):
-                check(f"dX M-independence M={m}", same_bits(matmul_invariant(dy[:m], w.t()), dfull[:m]))
-        del w, full
-    # unaligned dX (N = 509: no contiguity hint, strided operands) stays M-independent
-    w2, dy2 = rnd(600, 520, scale=0.02), rnd(4096, 600)
-    d_full = matmul_invariant(dy2[:, :500], w2[:500, :509].t())
-    for m in (1, 7, 256):
-        check(f"dX unaligned M-independence M={m}",
-              same_bits(matmul_invariant(dy2[:m, :500], w2[:500, :509].t()), d_full[:m]))
-    ref = dy2[:64, :500].double() @ w2[:500, :509].double()
-    check("dX unaligned accuracy", True, rel_err=float((d_full[:64].double() - ref).norm() / ref.norm()))
-    # dW: B=N vs two chunked calls through det_linear's autograd
-    lengths = [1000, 1500, 1596]
-    rows = RowIdentity.packed(lengths)
-    x, w, dy = rnd(4096, 4096), rnd(4096, 4096, scale=0.02).requires_grad_(), rnd(4096, 4096)
-
-    def run(split):
-        mg = torch.zeros(4096, 4096, dtype=torch.float32, device="cuda")
-        fold = CanonicalFold(mg, lengths, TILE)
-        for lo, hi in split:
-            y = det_linear(x[lo:hi], w, RowIdentity(rows.sample[lo:hi], rows.position[lo:hi]), fold)
-            y.backward(dy[lo:hi])
-        fold.finish()
-        return mg
-    a = run([(0, 4096)])
-    check("dW B=N vs 2 chunked calls", same_bits(a, run([(0, 1700), (1700, 4096)])))
-    check("dW B=N vs N x B=1", same_bits(a, run([(0, 1000), (1000, 2500), (2500, 4096)])))
-
-
-def main() -> None:
-    global OUT
+def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=OUT)
-    ap.add_argument("--only", default="")
-    OUT = ap.parse_args().out
-    only = ap.parse_args().only
+    ap.add_argument("--out-dir", required=True, help="directory for kernels_ii.json")
+    ap.add_argument("--only", default="", help="comma-separated sections")
+    ap.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes")
+    args = ap.parse_args()
+    out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        print(f"bench_kernels_ii: error: --out-dir {out} is not a directory", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            print("bench_kernels_ii: error: --dry-run needs TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+        device = torch.device("cpu")
+    elif not torch.cuda.is_available():
+        print("bench_kernels_ii: error: no CUDA device (use --dry-run under TRITON_INTERPRET=1)", file=sys.stderr)
+        return 2
+    else:
+        device = torch.device("cuda")
+    run = Run(out / "kernels_ii.json", args.dry_run, device)
     torch.manual_seed(0)
-    RES["meta"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                   "triton": triton.__version__, "cuda": torch.version.cuda}
-    print(RES["meta"], flush=True)
+    run.res["meta"] = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu-interpreter",
+                       "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda}
+    print(run.res["meta"], flush=True)
+    dry = args.dry_run
+    sections: dict[str, Callable[[], None]] = {
+        "correctness": lambda: correctness(run),
+        "ceilings": lambda: ceilings(run, 1 << (19 if dry else 29), 64 if dry else 8192),
+        "invariance": lambda: invariance(run, 64 if dry else 4096, 300 if dry else 151936, 300 if dry else 4096),
+        "launch_split": lambda: None if dry else launch_split(run),
+        "forward_dx": lambda: forward_dx(run, 64 if dry else 4096, ((64, (1, 16, 256)),) if dry else
+                                         ((4096, (1, 16, 256, 4096)), (14336, (16, 4096)), (151936, (16, 4096)))),
+        "dw_gemm": lambda: dw_gemm(run, 64 if dry else 4096, (300,) if dry else (4096, 16384)),
+        "logp": lambda: logp_bench(run, 64 if dry else 4096, 300 if dry else 151936),
+        "linear_logp": lambda: linear_logp_bench(run, 160 if dry else 4096, 300 if dry else 151936,
+                                                 64 if dry else 4096),
+    }
+    chosen = [s for s in args.only.split(",") if s] or list(sections)
+    unknown = sorted(set(chosen) - set(sections))
+    if unknown:
+        print(f"bench_kernels_ii: error: unknown --only section(s) {unknown}; known: {', '.join(sections)}",
+              file=sys.stderr)
+        return 2
     t0 = time.time()
-    for fn in (ceilings, invariance, launch_split, forward_gemm, dx_gemm, dw_gemm, logp_bench, linear_logp_bench):
-        if not only or fn.__name__ in only.split(","):
-            section(fn)
-            torch.cuda.empty_cache()
-    RES["meta"]["wall_s"] = time.time() - t0
-    RES["meta"]["tuned"] = {
-        name: {str(k): [str(c), t.timings.get(k)] for k, c in t.best.items()}
-        for name, t in (("mm", gemm._MM), ("dw", gemm._DW), ("dlogits", ll._DLOGITS))}
-    n_fail = sum(not c["pass"] for c in RES["checks"])
-    print(f"checks: {len(RES['checks']) - n_fail} PASS, {n_fail} FAIL; errors: {len(RES['errors'])}")
-    print("ratios:")
-    for p in RES["perf"]:
-        if "ratio" in p:
-            print(f"  {p['name']:<44} {p['ratio']:.2f}x (target {p['target']})")
-    save()
+    try:
+        for name in chosen:
+            ts = time.time()
+            sections[name]()
+            print(f"-- {name} took {time.time() - ts:.1f} s", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        run.res["meta"]["wall_s"] = time.time() - t0
+        run.res["meta"]["tuned"] = {name: {str(k): [str(c), t.timings.get(k)] for k, c in t.best.items()}
+                                    for name, t in (("mm", gemm._MM), ("dw", gemm._DW), ("dlogits", ll._DLOGITS))}
+        run.save()
+    failed = [c["name"] for c in run.res["checks"] if not c["pass"]]
+    print("FAILED CHECKS: " + "; ".join(failed) if failed else f"all {len(run.res['checks'])} checks passed")
+    print(f"wrote {run.path}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

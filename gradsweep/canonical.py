@@ -6,32 +6,79 @@ in tiles of ``tile`` tokens aligned to each sample's start (absent rows of a sam
 are zero rows), each tile reduced in a fixed order, tiles folded one after another into an FP32
 main-grad accumulator that the kernel loads before its loop.
 
-``CanonicalFold`` is the state that makes this independent of how tokens reach the kernel: it
-turns each call's physical rows into a *plan* (an int32 ``[n_tiles, tile]`` table of row
-indices, ``-1`` for a zero row) covering only the tiles that are complete and next in canonical
-order, and carries the rows of every other tile to a later call. A B=N call, N B=1 calls,
+``CanonicalFold`` is the state that makes this independent of how tokens reach the kernel: each
+call's rows are registered, the tiles that are complete and next in canonical order are handed to
+the kernel, and the rows of every other tile are carried to a later call. A B=N call, N B=1 calls,
 chunked, padded or permuted calls, even calls in reverse order, all fold the same tiles in the
 same order into the same accumulator, so they give the same bits.
 
+Why plans cost O(tiles), not O(rows) (issue 13): a call's rows are described by *runs* (rows
+``row0 .. row0+n-1`` hold positions ``pos0 ..`` of one sample), given in closed form by
+``RowIdentity.packed`` / ``from_runs`` or found once per RowIdentity with a few vectorised passes.
+The fold keeps the received tokens as merged slot intervals, so registering a call, finding the
+complete tiles and describing them costs O(runs + tiles). A ready tile is *direct* when one run of
+this call holds all its rows (one ``(row0, count)`` descriptor, read in place), else *staged*: its
+rows are copied, in slot order, into a staging block of the fold (carried rows wait there too).
+``take_tiles`` hands kernels these descriptors; ``take`` still gives the row-index table of before.
+
 Kernel-side infrastructure: kernels and their autograd Functions import this; it imports no
-harness code.
+harness code. Launch a step's kernels before the fold's next take (staging blocks are reused then).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
 
 
 @dataclass(frozen=True)
+class Runs:
+    """Runs of a call's real rows: rows ``row0[i] .. row0[i]+length[i]-1`` hold positions ``pos0[i] ..`` of
+    ``sample[i]`` (int64 numpy arrays, runs of length >= 1, no pad / filler rows)."""
+
+    sample: np.ndarray
+    pos0: np.ndarray
+    row0: np.ndarray
+    length: np.ndarray
+
+    @property
+    def num_runs(self) -> int:
+        return len(self.sample)
+
+    @cached_property
+    def total(self) -> int:
+        """Real rows in the runs."""
+        return int(self.length.sum())
+
+
+def _maximal(sample: np.ndarray, pos0: np.ndarray, row0: np.ndarray, length: np.ndarray) -> Runs:
+    """Drop empty runs and merge a run into the previous one when it continues it (same sample, next
+    position, next row): one run per contiguous stretch, so a tile inside it is read in place."""
+    keep = length > 0
+    sample, pos0, row0, length = sample[keep], pos0[keep], row0[keep], length[keep]
+    if len(sample) > 1:
+        cont = np.concatenate([[False], (sample[1:] == sample[:-1]) & (pos0[1:] == pos0[:-1] + length[:-1])
+                               & (row0[1:] == row0[:-1] + length[:-1])])
+        if cont.any():
+            first = np.flatnonzero(~cont)
+            ends = np.concatenate([first[1:], [len(sample)]])
+            total = np.cumsum(np.concatenate([[0], length]))
+            sample, pos0, row0 = sample[first], pos0[first], row0[first]
+            length = total[ends] - total[first]
+    return Runs(sample, pos0, row0, length)
+
+
+@dataclass(frozen=True)
 class RowIdentity:
     """Logical identity of every physical row of one call.
 
-    ``sample[r]`` is the logical sample id of row r (``-1`` for a pad row) and ``position[r]``
-    its position inside that sample. Both are int64 CPU tensors of the same length.
+    ``sample[r]`` is the logical sample id of row r (negative for a pad or filler row) and ``position[r]``
+    its position inside that sample. Both are int64 CPU tensors of the same length. ``runs`` describes
+    the real rows compactly (computed once, cached; given directly by ``packed`` / ``from_runs``).
     """
 
     sample: torch.Tensor
@@ -45,23 +92,62 @@ class RowIdentity:
     def num_rows(self) -> int:
         return int(self.sample.numel())
 
+    @cached_property
+    def runs(self) -> Runs:
+        """Maximal runs of consecutive positions of one real sample on consecutive rows (vectorised, once)."""
+        s = self.sample.cpu().numpy().astype(np.int64, copy=False)
+        p = self.position.cpu().numpy().astype(np.int64, copy=False)
+        n = len(s)
+        if n == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return Runs(empty, empty, empty, empty)
+        starts = np.flatnonzero(np.concatenate([[True], (s[1:] != s[:-1]) | (p[1:] != p[:-1] + 1)]))
+        length = np.diff(np.concatenate([starts, [n]]))
+        real = s[starts] >= 0
+        return Runs(s[starts][real], p[starts][real], starts[real].astype(np.int64), length[real])
+
+    @staticmethod
+    def from_runs(n_rows: int, sample: Sequence[int], pos0: Sequence[int], row0: Sequence[int],
+                  length: Sequence[int]) -> RowIdentity:
+        """Rows described by runs (sample ids >= 0); every row outside the runs is a pad (sample -1)."""
+        runs = _maximal(*(np.asarray(a, dtype=np.int64).reshape(-1) for a in (sample, pos0, row0, length)))
+        end = runs.row0 + runs.length
+        if len(runs.sample) and (int(runs.sample.min()) < 0 or int(runs.row0.min()) < 0 or int(end.max()) > n_rows):
+            raise ValueError("RowIdentity.from_runs: runs must hold sample ids >= 0 and lie inside the rows")
+        if len(runs.sample) > 1 and not (runs.row0[1:] >= end[:-1]).all():  # not in row order: sort, then check
+            order = np.argsort(runs.row0, kind="stable")
+            if (end[order[:-1]] > runs.row0[order[1:]]).any():
+                raise ValueError("RowIdentity.from_runs: two runs share a row")
+        total = int(runs.length.sum())
+        if total == n_rows:  # no pad rows: the runs tile the rows (vectorised)
+            order = np.argsort(runs.row0, kind="stable")
+            n_o = runs.length[order]
+            s = np.repeat(runs.sample[order], n_o)
+            p = np.arange(n_rows, dtype=np.int64) + np.repeat(runs.pos0[order] - runs.row0[order], n_o)
+        else:
+            s = np.full(n_rows, -1, dtype=np.int64)
+            p = np.zeros(n_rows, dtype=np.int64)
+            for s_i, p_i, r_i, n_i in zip(*(a.tolist() for a in (runs.sample, runs.pos0, runs.row0, runs.length))):
+                s[r_i:r_i + n_i] = s_i  # O(runs) slices
+                p[r_i:r_i + n_i] = np.arange(p_i, p_i + n_i)
+        ident = RowIdentity(torch.from_numpy(s), torch.from_numpy(p))
+        ident.__dict__["runs"] = runs  # the cached_property's slot: no recomputation from the rows
+        return ident
+
     @staticmethod
     def packed(lengths: Sequence[int], sample_ids: Sequence[int] | None = None,
                starts: Sequence[int] | None = None) -> RowIdentity:
         """Rows of samples packed one after another (``starts`` gives each piece's first position)."""
-        ids = list(range(len(lengths))) if sample_ids is None else list(sample_ids)
-        firsts = [0] * len(lengths) if starts is None else list(starts)
-        sample = torch.cat([torch.full((n,), s, dtype=torch.int64) for s, n in zip(ids, lengths)]
-                           or [torch.zeros(0, dtype=torch.int64)])
-        position = torch.cat([torch.arange(p, p + n, dtype=torch.int64)
-                              for p, n in zip(firsts, lengths)]
-                             or [torch.zeros(0, dtype=torch.int64)])
-        return RowIdentity(sample, position)
+        n = np.asarray(list(lengths), dtype=np.int64).reshape(-1)
+        ids = np.arange(len(n)) if sample_ids is None else np.asarray(list(sample_ids), dtype=np.int64)
+        firsts = np.zeros(len(n), dtype=np.int64) if starts is None else np.asarray(list(starts), dtype=np.int64)
+        row0 = np.cumsum(n) - n
+        return RowIdentity.from_runs(int(n.sum()), ids, firsts, row0, n)
 
 
 @dataclass(frozen=True)
 class FoldStep:
-    """The tiles one kernel launch must fold now.
+    """The tiles one kernel launch must fold now, as a row-index table (``CanonicalFold.take``).
 
     ``plan[t, j]`` indexes a row of every tensor in ``tensors`` (``-1``: a zero row); tile t of
     the plan is canonical tile ``first_tile + t``. ``tensors`` are the caller's tensors when
@@ -77,6 +163,41 @@ class FoldStep:
         return int(self.plan.shape[0])
 
 
+@dataclass(frozen=True)
+class TileStep:
+    """The tiles one kernel launch must fold now, as descriptors (``CanonicalFold.take_tiles``).
+
+    ``desc[t] = (row0, count)`` (int32, on the tensors' device) describes canonical tile
+    ``first_tile + t``: its slots ``0 .. count-1`` are rows ``row0 ..`` of the call's tensors when
+    ``row0 >= 0``, else rows ``-row0-1 ..`` of the staging tensors ``stage``; slots ``count .. tile-1``
+    are zero rows (a sample's last tile). ``host_desc`` is the same on the host. ``stage`` holds one
+    staging tensor per row tensor (the call's own tensors when nothing is staged, so that a kernel can
+    always take both pointers); ``stage_rows`` bounds the staging rows the ready tiles use.
+    """
+
+    desc: torch.Tensor
+    host_desc: np.ndarray
+    stage: tuple[torch.Tensor, ...]
+    stage_rows: int
+    first_tile: int
+    tile: int
+
+    @property
+    def num_tiles(self) -> int:
+        return int(self.host_desc.shape[0])
+
+    @property
+    def staged(self) -> bool:
+        """Whether a ready tile reads the staging tensors."""
+        return bool(self.num_tiles) and bool((self.host_desc[:, 0] < 0).any())
+
+    def direct_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(row0, count) of the ready tiles read in place from the call's tensors."""
+        d = self.host_desc
+        own = d[:, 0] >= 0
+        return d[own, 0].astype(np.int64), d[own, 1].astype(np.int64)
+
+
 class CanonicalFold:
     """FP32 main-grad accumulator plus the rows carried between calls, for one parameter gradient.
 
@@ -90,7 +211,7 @@ class CanonicalFold:
             raise ValueError("CanonicalFold: main_grad must be a contiguous float32 tensor")
         if tile <= 0:
             raise ValueError(f"CanonicalFold: tile must be positive, got {tile}")
-        lengths = np.asarray(list(sample_lengths), dtype=np.int64)
+        lengths = np.asarray(list(sample_lengths), dtype=np.int64).reshape(-1)
         if (lengths < 0).any():
             raise ValueError("CanonicalFold: sample lengths must be >= 0")
         self.main_grad = main_grad
@@ -99,85 +220,211 @@ class CanonicalFold:
         tiles_per_sample = (lengths + tile - 1) // tile
         self._tile_base = np.concatenate([[0], np.cumsum(tiles_per_sample)]).astype(np.int64)
         self.total_tiles = int(self._tile_base[-1])
-        tile_sample = np.repeat(np.arange(len(lengths)), tiles_per_sample)
-        tile_in_sample = np.arange(self.total_tiles) - self._tile_base[tile_sample]
-        self._expected = np.minimum(tile, lengths[tile_sample] - tile_in_sample * tile)
         # slot of (sample s, position p) = (tile_base[s] + p // tile) * tile + p % tile = slot_base[s] + p
         self._slot_base = self._tile_base[:-1] * tile
-        self._shift = tile.bit_length() - 1 if tile & (tile - 1) == 0 else None
-        self._count = np.zeros(self.total_tiles, dtype=np.int64)
-        self._seen = np.zeros(self.total_tiles * tile, dtype=bool)
+        # Received slots as sorted disjoint intervals [lo, hi). The absent slots of every sample's last
+        # tile count as received from the start, so that "tile t complete" is "[t*tile, (t+1)*tile) received".
+        self._slot_end = self._slot_base + lengths
+        tiles_end = self._tile_base[1:] * tile
+        gap = self._slot_end < tiles_end
+        self._lo, self._hi = self._slot_end[gap], tiles_end[gap]
+        owner = np.repeat(np.arange(len(lengths)), tiles_per_sample)
+        in_sample = np.arange(self.total_tiles) - self._tile_base[owner]
+        self._expected = np.minimum(tile, lengths[owner] - in_sample * tile)
         self.cursor = 0
-        self._pending_slots = np.zeros(0, dtype=np.int64)
-        self._pending: tuple[torch.Tensor, ...] | None = None
+        # Staging: block b holds rows [b*tile, (b+1)*tile) of every staging tensor, in slot order.
+        self._block_of_tile = np.full(self.total_tiles, -1, dtype=np.int64)
+        self._free: list[int] = []
+        self._stage: tuple[torch.Tensor, ...] | None = None
+        self._stage_blocks = 0
 
     @property
     def done(self) -> bool:
         """True once every canonical tile has been folded."""
         return self.cursor == self.total_tiles
 
-    def _slots(self, rows: RowIdentity) -> tuple[np.ndarray, np.ndarray]:
-        sample = rows.sample.cpu().numpy()
-        position = rows.position.cpu().numpy()
-        if len(sample) and int(sample.min()) >= 0:  # no pad rows: skip the gathers
-            real, s, p = np.arange(len(sample)), sample, position
-        else:
-            real = np.flatnonzero(sample >= 0)
-            s, p = sample[real], position[real]
-        if len(s) and int(s.max()) >= len(self.lengths):
+    def expected_rows(self, first_tile: int, num_tiles: int) -> np.ndarray:
+        """Real rows of canonical tiles ``first_tile ..`` (``tile`` except a sample's shorter last tile)."""
+        return self._expected[first_tile:first_tile + num_tiles]
+
+    # ------------------------------------------------------------------------------------------ registration
+    def _register(self, runs: Runs) -> tuple[np.ndarray, np.ndarray]:
+        """Check the call's runs and add them to the received slots; return each run's (slot0, slot1)."""
+        s, p = runs.sample, runs.pos0
+        if not len(s):
+            return s, s
+        if int(s.max()) >= len(self.lengths):
             raise ValueError(f"CanonicalFold: sample id {int(s.max())} outside the step's "
                              f"{len(self.lengths)} samples")
-        if ((p < 0) | (p >= self.lengths[s])).any():
+        slot0 = self._slot_base[s] + p
+        slot1 = slot0 + runs.length
+        if int(p.min()) < 0 or (slot1 > self._slot_end[s]).any():
             raise ValueError("CanonicalFold: a row's position lies outside its sample")
-        slots = self._slot_base[s] + p
-        if len(slots):
-            lo = int(slots.min())
-            if self._seen[slots].any() or int(np.bincount(slots - lo).max()) > 1:
-                raise ValueError("CanonicalFold: a token reached the fold twice")
-        return real, slots
+        lo = np.concatenate((self._lo, slot0))
+        hi = np.concatenate((self._hi, slot1))
+        o = lo.argsort(kind="stable")
+        lo, hi = lo[o], hi[o]
+        # received intervals are disjoint: after sorting, any overlap (within the call or with earlier calls)
+        # shows between neighbours
+        if (lo[1:] < hi[:-1]).any():
+            raise ValueError("CanonicalFold: a token reached the fold twice")
+        gap = lo[1:] > hi[:-1]  # touching intervals merge
+        self._lo, self._hi = lo[np.concatenate(([True], gap))], hi[np.concatenate((gap, [True]))]
+        return slot0, slot1
+
+    def _advance(self) -> int:
+        """The first incomplete tile at or after the cursor."""
+        at = self.cursor * self.tile
+        j = int(np.searchsorted(self._lo, at, side="right")) - 1
+        if j >= 0 and self._hi[j] > at:
+            return min(int(self._hi[j]) // self.tile, self.total_tiles)
+        return self.cursor
+
+    # ----------------------------------------------------------------------------------------------- staging
+    def _stage_tensors(self, tensors: tuple[torch.Tensor, ...], blocks: int) -> tuple[torch.Tensor, ...]:
+        """Staging tensors with at least ``blocks`` blocks (grown by doubling, contents kept)."""
+        if self._stage is not None and blocks <= self._stage_blocks:
+            return self._stage
+        cap = max(blocks, 2 * self._stage_blocks, 4)
+        new = tuple(torch.empty((cap * self.tile, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in tensors)
+        if self._stage is not None:
+            for dst, src in zip(new, self._stage):
+                dst[: src.shape[0]].copy_(src)
+        self._free.extend(range(self._stage_blocks, cap))
+        self._stage, self._stage_blocks = new, cap
+        return new
+
+    def _copy_to_stage(self, tensors: tuple[torch.Tensor, ...], piece_tile: np.ndarray, piece_lo: np.ndarray,
+                       piece_row: np.ndarray, piece_len: np.ndarray) -> None:
+        """Copy the pieces' rows into their tiles' staging blocks (a block per tile, allocated on first use)."""
+        if not len(piece_tile) or not tensors:
+            return
+        tiles = np.unique(piece_tile)
+        fresh = tiles[self._block_of_tile[tiles] < 0]
+        if len(fresh) > len(self._free):
+            self._stage_tensors(tensors, self._stage_blocks - len(self._free) + len(fresh))
+        stage = self._stage_tensors(tensors, 0)
+        self._free.sort(reverse=True)
+        self._block_of_tile[fresh] = [self._free.pop() for _ in range(len(fresh))]  # lowest blocks first
+        dst0 = self._block_of_tile[piece_tile] * self.tile + piece_lo % self.tile
+        if len(piece_tile) == 1:  # one slice: no index upload
+            d, r, n = int(dst0[0]), int(piece_row[0]), int(piece_len[0])
+            for st, t in zip(stage, tensors):
+                st[d:d + n].copy_(t[r:r + n])
+            return
+        total = int(piece_len.sum())
+        rel = np.arange(total) - np.repeat(np.cumsum(piece_len) - piece_len, piece_len)
+        index = _upload(np.stack([np.repeat(piece_row, piece_len) + rel, np.repeat(dst0, piece_len) + rel]),
+                        tensors[0].device)  # one upload: source rows, staging rows
+        for st, t in zip(stage, tensors):
+            st.index_copy_(0, index[1], t.index_select(0, index[0]))
+
+    # ------------------------------------------------------------------------------------------------- takes
+    def _check_tensors(self, rows: RowIdentity, tensors: tuple[torch.Tensor, ...]) -> None:
+        n = rows.num_rows
+        for t in tensors:
+            if t.shape[0] != n:
+                raise ValueError("CanonicalFold: every row tensor must have one row per RowIdentity row")
+        if self._stage is not None and (len(self._stage) != len(tensors) or any(
+                s.dtype != t.dtype or s.shape[1:] != t.shape[1:] for s, t in zip(self._stage, tensors))):
+            raise ValueError("CanonicalFold: calls must pass the same row tensors")
+
+    def _pieces(self, slot0: np.ndarray, slot1: np.ndarray, row0: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Runs cut at tile boundaries: (tile, first slot, first row, length) arrays, O(runs + tiles)."""
+        tile = self.tile
+        t_first = slot0 // tile
+        n_pieces = (slot1 - 1) // tile - t_first + 1
+        run = np.repeat(np.arange(len(slot0)), n_pieces)
+        piece_tile = t_first[run] + (np.arange(len(run)) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces))
+        piece_lo = np.maximum(slot0[run], piece_tile * tile)
+        piece_len = np.minimum(slot1[run], (piece_tile + 1) * tile) - piece_lo
+        return piece_tile, piece_lo, row0[run] + (piece_lo - slot0[run]), piece_len
+
+    def _release(self, c0: int, c1: int) -> np.ndarray:
+        """Staging blocks of the ready tiles (-1: none), given back for the next call's carried rows."""
+        blocks = self._block_of_tile[c0:c1].copy()
+        if self._stage is not None:
+            self._free.extend(blocks[blocks >= 0].tolist())
+            self._block_of_tile[c0:c1] = -1
+        self.cursor = c1
+        return blocks
+
+    def take_tiles(self, rows: RowIdentity, tensors: Sequence[torch.Tensor]) -> TileStep:
+        """Register one call's rows (and the row tensors a fold reads); describe the tiles to fold now."""
+        tensors = tuple(tensors)
+        self._check_tensors(rows, tensors)
+        runs = rows.runs
+        slot0, slot1 = self._register(runs)
+        row0 = runs.row0
+        c0, c1, tile = self.cursor, self._advance(), self.tile
+        n_ready = c1 - c0
+        desc = np.empty((n_ready, 2), dtype=np.int32)
+        direct = np.zeros(n_ready, dtype=bool)
+        in_place = 0
+        if n_ready:
+            expected = self._expected[c0:c1]
+            desc[:, 1] = expected
+            if len(slot0):
+                # tile t is direct when the run holding its first slot holds all of it (then nothing of it can
+                # have come from another call: that would be a duplicate)
+                if len(slot0) > 1 and not (slot0[1:] > slot0[:-1]).all():
+                    o = slot0.argsort()
+                    slot0, slot1, row0 = slot0[o], slot1[o], row0[o]
+                first = np.arange(c0 * tile, c1 * tile, tile)
+                k = np.searchsorted(slot0, first, side="right") - 1
+                np.maximum(k, 0, out=k)
+                offset = first - slot0[k]  # >= 0 iff run k starts at or before the tile
+                direct = (offset >= 0) & (slot1[k] >= first + expected)
+                desc[:, 0] = row0[k] + offset
+                in_place = int(expected[direct].sum())
+        stage_rows = 0
+        if in_place < runs.total:  # some rows of this call are carried or staged
+            piece_tile, piece_lo, piece_row, piece_len = self._pieces(slot0, slot1, row0)
+            keep = piece_tile >= c1
+            if n_ready:
+                keep |= ~direct[np.minimum(piece_tile - c0, n_ready - 1)]
+            self._copy_to_stage(tensors, piece_tile[keep], piece_lo[keep], piece_row[keep], piece_len[keep])
+        if n_ready:
+            blocks = self._release(c0, c1)
+            if not direct.all():
+                desc[~direct, 0] = -(blocks[~direct] * tile) - 1
+                stage_rows = int(blocks[~direct].max() + 1) * tile
+        else:
+            self.cursor = c1
+        device = tensors[0].device if tensors else torch.device("cpu")
+        stage = self._stage if (self._stage is not None and stage_rows) else tensors
+        return TileStep(_upload(desc, device), desc, stage, stage_rows, c0, tile)
 
     def take(self, rows: RowIdentity, tensors: Sequence[torch.Tensor]) -> FoldStep:
-        """Register one call's rows (and the row tensors a fold reads); return what to fold now."""
+        """Register one call's rows; return the tiles to fold now as a row-index table (see ``FoldStep``).
+
+        Rows of this call are indexed in place (after the carried rows), as before ``take_tiles`` existed:
+        only rows of tiles that stay incomplete are copied (carried).
+        """
         tensors = tuple(tensors)
-        if any(t.shape[0] != rows.num_rows for t in tensors):
-            raise ValueError("CanonicalFold: every row tensor must have one row per RowIdentity row")
-        if self._pending is not None and len(self._pending) != len(tensors):
-            raise ValueError("CanonicalFold: calls must pass the same row tensors")
-        real, slots = self._slots(rows)
-        self._seen[slots] = True
-        if len(slots):
-            tiles = slots >> self._shift if self._shift is not None else slots // self.tile
-            lo_tile = int(tiles.min())
-            counts = np.bincount(tiles - lo_tile)
-            self._count[lo_tile:lo_tile + len(counts)] += counts
-        incomplete = np.nonzero(self._count[self.cursor:] != self._expected[self.cursor:])[0]
-        new_cursor = self.cursor + int(incomplete[0]) if len(incomplete) else self.total_tiles
-
-        n_pending = len(self._pending_slots)
-        all_slots = np.concatenate([self._pending_slots, slots])
-        all_rows = np.concatenate([np.arange(n_pending), n_pending + real]) if n_pending else real
+        self._check_tensors(rows, tensors)
+        runs = rows.runs
+        slot0, slot1 = self._register(runs)
+        c0, c1, tile = self.cursor, self._advance(), self.tile
+        n_ready = c1 - c0
+        piece_tile, piece_lo, piece_row, piece_len = self._pieces(slot0, slot1, runs.row0)
+        ready = piece_tile < c1
+        self._copy_to_stage(tensors, piece_tile[~ready], piece_lo[~ready], piece_row[~ready], piece_len[~ready])
+        blocks = self._release(c0, c1)
+        n_stage = int(blocks.max() + 1) * tile if n_ready and (blocks >= 0).any() else 0
+        j = np.arange(tile)
+        plan = np.where(blocks[:, None] >= 0, blocks[:, None] * tile + j[None, :], -1)
+        total = int(piece_len[ready].sum())
+        rel = np.arange(total) - np.repeat(np.cumsum(piece_len[ready]) - piece_len[ready], piece_len[ready])
+        plan.reshape(-1)[np.repeat(piece_lo[ready] - c0 * tile, piece_len[ready]) + rel] = (
+            n_stage + np.repeat(piece_row[ready], piece_len[ready]) + rel)
+        plan[j[None, :] >= self.expected_rows(c0, n_ready)[:, None]] = -1
+        source = tensors
+        if n_stage:
+            assert self._stage is not None
+            source = tuple(torch.cat([st[:n_stage], t]) for st, t in zip(self._stage, tensors))
         device = tensors[0].device if tensors else torch.device("cpu")
-        if n_pending:
-            pend = self._pending
-            assert pend is not None
-            source = tuple(torch.cat([p, t.to(p.dtype)]) for p, t in zip(pend, tensors))
-        else:
-            source = tensors
-        row_index = all_rows if n_pending else real
-
-        first_slot, end_slot = self.cursor * self.tile, new_cursor * self.tile
-        ready = (all_slots >= first_slot) & (all_slots < end_slot)
-        plan = np.full((new_cursor - self.cursor) * self.tile, -1, dtype=np.int32)
-        plan[all_slots[ready] - first_slot] = row_index[ready]
-        plan = plan.reshape(new_cursor - self.cursor, self.tile)
-
-        keep = ~ready
-        keep_rows = torch.as_tensor(row_index[keep], dtype=torch.int64, device=device)
-        self._pending_slots = all_slots[keep]
-        self._pending = tuple(t.index_select(0, keep_rows) for t in source) if keep.any() else None
-        step = FoldStep(_to_device(plan, device), source, self.cursor)
-        self.cursor = new_cursor
-        return step
+        return FoldStep(_upload(plan.astype(np.int32), device), source, c0)
 
     def finish(self) -> torch.Tensor:
         """Check that every token was folded and return the main grad."""
@@ -188,9 +435,9 @@ class CanonicalFold:
         return self.main_grad
 
 
-def _to_device(plan: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Upload a plan without stalling the host behind queued GPU work (pinned, non-blocking copy)."""
-    host = torch.from_numpy(plan)
+def _upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device`` without stalling the host behind queued GPU work (pinned, non-blocking)."""
+    host = torch.from_numpy(np.ascontiguousarray(a))
     if device.type != "cuda":
         return host
     return host.pin_memory().to(device, non_blocking=True)

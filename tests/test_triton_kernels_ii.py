@@ -1,8 +1,10 @@
 """Triton GEMM / lm_head / logp / linear_logp (issue 5) under TRITON_INTERPRET=1 on the CPU.
 
-Accuracy against float64 torch (bounds from the bf16 output rounding and the fp32 accumulation),
-bitwise M-independence of rows, bitwise dW across layouts (B=N, N x B=1, chunked, padded, permuted),
-planted defects that must break those checks, and linear_logp never allocating [R, V].
+Accuracy and bitwise invariance of every op on every layout of the default manifest are judged by the
+sweep's own machinery (tests/test_ops_cells.py, the contract's bounds). Here: bitwise M-independence of
+rows, the dW fold's bits following tiles and not storage, planted defects (split-K, a vocabulary block that
+follows M, dW summed per call) that must break those checks, and linear_logp never allocating [R, V].
+No tolerance lives here.
 """
 
 import os
@@ -18,14 +20,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.harness.kernel_check import candidate_from, check_kernel
+from gradsweep.ops.base import CallContext, CallOutput
+from gradsweep.results import Status
 from gradsweep.triton_kernels import gemm
 from gradsweep.triton_kernels import linear_logp as ll
 from gradsweep.triton_kernels import logp as lp
 from gradsweep.triton_kernels.lm_head import lm_head
 
 K, N, V = 48, 80, 300
-LENGTHS = [37, 5, 64, 1, 23]
-EPS32, EPS16 = 2.0 ** -24, 2.0 ** -8  # unit roundoff of fp32 and bf16
 MS = (1, 2, 3, 7, 16, 64, 256, 1000)
 
 
@@ -42,177 +45,9 @@ def gen(seed: int, *shape: int, scale: float = 1.0) -> torch.Tensor:
     return (torch.randn(*shape, generator=g) * scale).bfloat16()
 
 
-# Logical data: every value is a function of (sample, position) only.
-X_LOG = [gen(100 + s, n, K) for s, n in enumerate(LENGTHS)]
-DY_LOG = [gen(200 + s, n, N) for s, n in enumerate(LENGTHS)]
-H_LOG = [gen(300 + s, n, K, scale=0.5) for s, n in enumerate(LENGTHS)]
-T_LOG = [torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(400 + s))
-         for s, n in enumerate(LENGTHS)]
-G_LOG = [torch.randn(n, generator=torch.Generator().manual_seed(500 + s)) for s, n in enumerate(LENGTHS)]
 W = gen(1, N, K, scale=0.3)
 WV = gen(2, V, K, scale=0.3)
 MG0 = torch.randn(N, K, generator=torch.Generator().manual_seed(3))  # non-zero main grad: it must be LOADED
-MGV0 = torch.randn(V, K, generator=torch.Generator().manual_seed(4))
-
-
-def pieces(sample: int, lo: int, hi: int) -> list[tuple[int, int]]:
-    return [(sample, p) for p in range(lo, hi)]
-
-
-LAYOUTS: dict[str, list[list[tuple[int, int]]]] = {
-    "bn_full": [[(s, p) for s, n in enumerate(LENGTHS) for p in range(n)]],
-    "b1_singleton": [pieces(s, 0, n) for s, n in enumerate(LENGTHS)],
-    "bn_chunked": [pieces(0, 0, 11), pieces(0, 11, 37) + pieces(1, 0, 2),
-                   pieces(1, 2, 5) + pieces(2, 0, 30), pieces(2, 30, 31),
-                   pieces(2, 31, 64) + pieces(3, 0, 1) + pieces(4, 0, 9), pieces(4, 9, 23)],
-    "bn_padded_right": [[(s, p) if p < n else (-1, 0) for s, n in enumerate(LENGTHS) for p in range(64)]],
-    "bn_permuted": [[(s, p) for s in (3, 0, 4, 2, 1) for p in range(LENGTHS[s])]],
-    "reverse_calls": [pieces(s, 0, n) for s, n in reversed(list(enumerate(LENGTHS)))],
-}
-
-
-def call_tensors(ids: list[tuple[int, int]], table: list[torch.Tensor], pad_seed: int) -> torch.Tensor:
-    """Rows of one call; pad rows are garbage (they must contribute nothing)."""
-    pad = gen(pad_seed, *table[0].shape[1:], scale=7.0) if table[0].dim() > 1 else table[0][:1] * 0 - 5
-    return torch.stack([table[s][p] if s >= 0 else pad for s, p in ids])
-
-
-def rows_of(ids: list[tuple[int, int]]) -> RowIdentity:
-    return RowIdentity(torch.tensor([s for s, _ in ids], dtype=torch.int64),
-                       torch.tensor([p for _, p in ids], dtype=torch.int64))
-
-
-def logical(calls, outs) -> dict[tuple[int, int], torch.Tensor]:
-    return {i: o[j] for ids, o in zip(calls, outs) for j, i in enumerate(ids) if i[0] >= 0}
-
-
-def run_det_linear(calls):
-    fold = CanonicalFold(MG0.clone(), LENGTHS, gemm.TILE)
-    w = W.clone().requires_grad_()
-    ys, dxs = [], []
-    for ids in calls:
-        x = call_tensors(ids, X_LOG, 9).requires_grad_()
-        y = gemm.det_linear(x, w, rows_of(ids), fold)
-        y.backward(call_tensors(ids, DY_LOG, 8))
-        ys.append(y.detach())
-        dxs.append(x.grad)
-    assert w.grad is None  # dW lives in fold.main_grad only
-    return logical(calls, ys), logical(calls, dxs), fold.finish()
-
-
-def run_linear_logp(calls):
-    fold = CanonicalFold(MGV0.clone(), LENGTHS, gemm.TILE)
-    w = WV.clone().requires_grad_()
-    outs, dhs = [], []
-    for ids in calls:
-        h = call_tensors(ids, H_LOG, 7).requires_grad_()
-        t = torch.stack([T_LOG[s][p] if s >= 0 else torch.tensor(-100) for s, p in ids])
-        g = torch.stack([G_LOG[s][p] if s >= 0 else torch.tensor(3.0) for s, p in ids])
-        out = ll.linear_logp(h, w, t, rows_of(ids), fold)
-        out.backward(g)
-        outs.append(out.detach())
-        dhs.append(h.grad)
-    return logical(calls, outs), logical(calls, dhs), fold.finish()
-
-
-@pytest.fixture(scope="module")
-def det_linear_runs():
-    return {name: run_det_linear(calls) for name, calls in LAYOUTS.items()}
-
-
-@pytest.fixture(scope="module")
-def linear_logp_runs():
-    return {name: run_linear_logp(calls) for name, calls in LAYOUTS.items()}
-
-
-# ---------------------------------------------------------------- accuracy vs float64
-
-def test_det_linear_accuracy(det_linear_runs):
-    ys, dxs, mg = det_linear_runs["bn_full"]
-    x = torch.cat(X_LOG).double()
-    dy = torch.cat(DY_LOG).double()
-    w = W.double()
-    y, dx = torch.stack(list(ys.values())).double(), torch.stack(list(dxs.values())).double()
-    ref_y, ref_dx, ref_dw = x @ w.T, dy @ w, MG0.double() + dy.T @ x
-    # bf16 output: one rounding (EPS16 |ref|) + fp32 accumulation over the reduction (n EPS32 sum |a||b|)
-    assert ((y - ref_y).abs() <= EPS16 * ref_y.abs() + K * EPS32 * (x.abs() @ w.abs().T)).all()
-    assert ((dx - ref_dx).abs() <= EPS16 * ref_dx.abs() + N * EPS32 * (dy.abs() @ w.abs())).all()
-    t = x.shape[0]
-    tol_dw = (t + 1) * EPS32 * (MG0.double().abs() + dy.abs().T @ x.abs())
-    assert ((mg.double() - ref_dw).abs() <= tol_dw).all()
-
-
-def test_lm_head_is_det_linear():
-    x = torch.cat(H_LOG)
-    rows = RowIdentity.packed(LENGTHS)
-    y = lm_head(x, WV, rows, None)
-    assert y.shape == (x.shape[0], V)
-    ref = x.double() @ WV.double().T
-    tol = EPS16 * ref.abs() + K * EPS32 * (x.double().abs() @ WV.double().abs().T)
-    assert ((y.double() - ref).abs() <= tol).all()
-
-
-def test_selected_logp_accuracy_and_grad():
-    logits = gen(11, 90, V, scale=3.0).requires_grad_()
-    t = torch.randint(0, V, (90,), generator=torch.Generator().manual_seed(12))
-    t[5] = -100  # ignored target: logp 0, no gradient
-    g = torch.randn(90, generator=torch.Generator().manual_seed(13))
-    out = lp.selected_logp(logits, t)
-    out.backward(g)
-    ld = logits.detach().double().requires_grad_()
-    ok = t >= 0
-    ref = torch.where(ok, torch.log_softmax(ld, 1).gather(1, t.clamp(min=0)[:, None])[:, 0], 0.0)
-    ref.backward(g.double())
-    # fp32 math: exp/log relative errors of a few EPS32 per term, V terms in the sum
-    scale = ld.detach().abs().max(1).values + 1
-    assert out.dtype == torch.float32
-    assert ((out.double() - ref.detach()).abs() <= (V + 8) * EPS32 * scale).all()
-    assert logits.grad.dtype == torch.bfloat16
-    d, dref = logits.grad.double(), ld.grad
-    tol = EPS16 * dref.abs() + 64 * EPS32 * g.double().abs()[:, None] * scale[:, None]
-    assert ((d - dref).abs() <= tol).all()
-    assert (logits.grad[5] == 0).all()
-
-
-def test_linear_logp_accuracy(linear_logp_runs):
-    outs, dhs, mg = linear_logp_runs["bn_full"]
-    h = torch.cat(H_LOG).double().requires_grad_()
-    w = WV.double().requires_grad_()
-    t, g = torch.cat(T_LOG), torch.cat(G_LOG).double()
-    ref = torch.log_softmax(h @ w.T, 1).gather(1, t[:, None])[:, 0]
-    ref.backward(g)
-    out = torch.stack(list(outs.values())).double()
-    dh = torch.stack(list(dhs.values())).double()
-    z = h.detach().abs() @ w.detach().abs().T
-    zmax = z.max(1).values + 1
-    assert ((out - ref.detach()).abs() <= (V + K + 8) * EPS32 * zmax).all()
-    # dlogits are rounded to bf16 before the dhidden / dW GEMMs: EPS16 relative per term
-    p = torch.softmax(h.detach() @ w.detach().T, 1)
-    dl_abs = g.abs()[:, None] * (p + torch.nn.functional.one_hot(t, V))
-    tol_dh = EPS16 * h.grad.abs() + 2 * EPS16 * (dl_abs @ w.detach().abs()) + 1e-6
-    assert ((dh - h.grad).abs() <= tol_dh).all()
-    ref_dw = MGV0.double() + w.grad
-    tol_dw = 2 * EPS16 * (dl_abs.T @ h.detach().abs()) + 200 * EPS32 * (MGV0.double().abs() + 1)
-    assert ((mg.double() - ref_dw).abs() <= tol_dw).all()
-
-
-# ---------------------------------------------------------------- invariance across layouts
-
-@pytest.mark.parametrize("layout", [k for k in LAYOUTS if k != "bn_full"])
-def test_det_linear_layouts_bitwise(det_linear_runs, layout):
-    ys0, dxs0, mg0 = det_linear_runs["bn_full"]
-    ys, dxs, mg = det_linear_runs[layout]
-    assert same(mg, mg0), f"dW differs between bn_full and {layout}"
-    assert ys.keys() == ys0.keys()
-    assert all(same(ys[i], ys0[i]) and same(dxs[i], dxs0[i]) for i in ys0)
-
-
-@pytest.mark.parametrize("layout", [k for k in LAYOUTS if k != "bn_full"])
-def test_linear_logp_layouts_bitwise(linear_logp_runs, layout):
-    o0, d0, mg0 = linear_logp_runs["bn_full"]
-    o, d, mg = linear_logp_runs[layout]
-    assert same(mg, mg0), f"dW differs between bn_full and {layout}"
-    assert all(same(o[i], o0[i]) and same(d[i], d0[i]) for i in o0)
 
 
 def m_independent(fn, inputs: list[torch.Tensor], ms=MS, alone=(0, -1)) -> bool:
@@ -262,23 +97,28 @@ def test_m_independence_linear_logp():
 
 
 def test_dw_fold_bits_follow_tiles_not_storage():
-    """One canonical tile sequence read from contiguous rows, from permuted storage, and with the
-    tiles' rows split between two calls' tensors: the same bits (the gather only moves addresses)."""
-    t = 4 * gemm.TILE
-    x, dy = gen(31, t, K), gen(32, t, N)
-    plan = torch.arange(t, dtype=torch.int32).view(-1, gemm.TILE)
-    plan[1, 40:] = -1  # a partial tile (a sample's last tile)
-    a = gemm.dw_fold_raw(plan, x, dy, MG0.clone())
-    perm = torch.randperm(t, generator=torch.Generator().manual_seed(33))
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(t)
-    plan_p = torch.where(plan >= 0, inv[plan.clamp(min=0).long()].int(), -1)
-    b = gemm.dw_fold_raw(plan_p, x[perm], dy[perm], MG0.clone())
-    c = gemm.dw_fold_raw(plan[2:], x, dy, gemm.dw_fold_raw(plan[:2], x, dy, MG0.clone()))
-    assert same(a, b) and same(a, c)
-    ref = MG0.double() + dy[plan[plan >= 0].long()].double().T @ x[plan[plan >= 0].long()].double()
-    assert ((a.double() - ref).abs() <= (t + 1) * EPS32 * (MG0.double().abs() + dy.double().abs().T
-                                                          @ x.double().abs())).all()
+    """One canonical tile sequence read in place, from staging storage holding the tiles in another order,
+    and split between two launches: the same bits (a descriptor only moves addresses)."""
+    tile, n_tiles = gemm.TILE, 4
+    x, dy = gen(31, n_tiles * tile, K), gen(32, n_tiles * tile, N)
+    counts = [tile, 40, tile, tile]  # tile 1 is a sample's last tile: slots 40.. are zero rows
+    desc = torch.tensor([[t * tile, c] for t, c in enumerate(counts)], dtype=torch.int32)
+    a = gemm.dw_fold_tiles(desc, x, dy, MG0.clone())
+    where = [2, 0, 3, 1]  # tile t sits in staging block where[t]
+    xs, dys = torch.empty_like(x), torch.empty_like(dy)
+    for t, b in enumerate(where):
+        xs[b * tile:(b + 1) * tile] = x[t * tile:(t + 1) * tile]
+        dys[b * tile:(b + 1) * tile] = dy[t * tile:(t + 1) * tile]
+    staged = torch.tensor([[-b * tile - 1, c] for b, c in zip(where, counts)], dtype=torch.int32)
+    mixed = torch.where(torch.arange(n_tiles)[:, None] % 2 == 1, staged, desc)
+    b = gemm.dw_fold_tiles(staged, x[:0], dy[:0], MG0.clone(), xs, dys)
+    c = gemm.dw_fold_tiles(mixed, x, dy, MG0.clone(), xs, dys)
+    d = gemm.dw_fold_tiles(desc[2:], x, dy, gemm.dw_fold_tiles(desc[:2], x, dy, MG0.clone()))
+    assert same(a, b) and same(a, c) and same(a, d)
+    garbage = x.clone()
+    garbage[tile + 40:2 * tile] = float("nan")  # the zero slots of tile 1 are never read
+    assert same(a, gemm.dw_fold_tiles(desc, garbage, dy, MG0.clone()))
+    assert not same(a, gemm.dw_fold_tiles(desc[[1, 0, 2, 3]], x, dy, MG0.clone()))  # the order of tiles matters
 
 
 # ---------------------------------------------------------------- planted defects are caught
@@ -301,18 +141,37 @@ def test_planted_vocab_block_following_m_is_caught(monkeypatch):
     assert not m_independent(logp_block_follows_m, [LB, TB])
 
 
-def test_planted_per_call_dw_is_caught(det_linear_runs):
-    """dW summed per call then added to main grad (not folded in canonical tiles): layouts disagree."""
-    def per_call(calls):
-        mg = MG0.clone()
-        for ids in calls:
-            real = [i for i in ids if i[0] >= 0]
-            x, dy = call_tensors(real, X_LOG, 9), call_tensors(real, DY_LOG, 8)
-            mg += gemm.matmul_invariant(dy.t(), x.t(), torch.float32)
-        return mg
-    full = per_call(LAYOUTS["bn_full"])
-    assert same(det_linear_runs["bn_full"][2], det_linear_runs["bn_chunked"][2])
-    assert not same(full, per_call(LAYOUTS["bn_chunked"]))
+class _PerCallDW(torch.autograd.Function):
+    """PLANTED DEFECT: dW of each call as one GEMM over its real rows, added to the main grad (not folded in
+    canonical tiles); y and dX as the real kernel's, the fold's bookkeeping kept, so only the order is wrong."""
+
+    @staticmethod
+    def forward(ctx, x, w, rows, fold):  # type: ignore[override]
+        ctx.save_for_backward(x, w)
+        ctx.rows, ctx.fold = rows, fold
+        return gemm.matmul_invariant(x, w)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        real = ctx.rows.sample >= 0
+        ctx.fold.main_grad += gemm.matmul_invariant(dy[real].t().contiguous(), x[real].t().contiguous(),
+                                                    torch.float32)
+        ctx.fold.take_tiles(ctx.rows, ())
+        return gemm.matmul_invariant(dy.contiguous(), w.t()), None, None, None
+
+
+def _per_call_dw(ctx: CallContext) -> CallOutput:
+    return CallOutput({"y": _PerCallDW.apply(ctx.inputs["x"], ctx.params["W"], ctx.rows, ctx.fold("W"))})
+
+
+def test_planted_per_call_dw_is_red_where_a_call_is_split():
+    planted = candidate_from("det_gemm", "planted.per_call_dw", "triton", _per_call_dw, param_grads="fold",
+                             fold_tiles=lambda: {"W": gemm.TILE})
+    report = check_kernel("det_gemm", planted, layouts=["bn_full", "bn_chunked", "b1_singleton"])
+    reds = {lay for lay, s in report.statuses().items() if s != Status.GREEN}
+    assert reds == {"bn_chunked", "b1_singleton"}, report.statuses()
+    assert "dW gradient_invariance" in report.cells["b1_singleton"].first_failure
 
 
 # ---------------------------------------------------------------- memory, edge cases, hygiene
@@ -369,12 +228,6 @@ def test_empty_and_errors():
         gemm.det_linear(XB[:3], w, RowIdentity.packed([3]), None)
     with pytest.raises(ValueError, match="fold"):
         ll.linear_logp(XB[:3], WV.clone().requires_grad_(), TB[:3], RowIdentity.packed([3]), None)
-
-
-def test_no_atomics_in_sources():
-    here = pathlib.Path(gemm.__file__).parent
-    for name in ("gemm.py", "lm_head.py", "logp.py", "linear_logp.py"):
-        assert "atom" + "ic" not in (here / name).read_text().lower(), name
 
 
 _GPU_SCRIPT = """

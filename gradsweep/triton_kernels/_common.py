@@ -22,10 +22,61 @@ INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
 # Constexpr twin of INTERPRET for jit code: the interpreter's fp32 -> bf16 cast truncates.
 SOFT_RNE = tl.constexpr(INTERPRET)
 
+# Under the interpreter tl.dot is numpy.matmul, i.e. the host BLAS, whose kernel is chosen by the CPU (OpenBLAS
+# Haswell / Zen kernels give a row other bits at another position in the block). ``mma`` then runs a
+# fixed-order product instead; on the GPU it is tl.dot itself.
+PORTABLE_DOT = tl.constexpr(INTERPRET)
+
+# Call compiled kernels directly after the first launch of a specialisation (host time only; GPU only).
+FAST_LAUNCH = os.environ.get("GRADSWEEP_FAST_LAUNCH", "1") == "1" and not INTERPRET
+
 # Columns per program and tiles loaded ahead per loop step of the sequential fold (speed only: the
 # fold's arithmetic is acc = acc + partial[t] for t in order, whatever these are).
 FOLD_BLOCK = 32
 FOLD_UNROLL = 8 if INTERPRET else 64
+
+
+def launch_spec(args) -> tuple:
+    """What Triton specialises a launch on: tensor dtype and 16-byte alignment; ints == 1, % 16, width."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif isinstance(a, bool) or a is None:
+            out.append(a)
+        elif isinstance(a, int):
+            out.append((a == 1, a % 16 == 0, -(2 ** 31) <= a < 2 ** 31, a < 2 ** 63))
+        else:
+            out.append(type(a))
+    return tuple(out)
+
+
+class FastLaunch:
+    """Launches of one jit kernel: on the GPU, after the first launch of a specialisation, the compiled
+    kernel is called directly (Triton's launcher re-binds and re-hashes every argument on each call: host
+    time a backward pays per launch). Under the interpreter, or with GRADSWEEP_FAST_LAUNCH=0, a plain launch.
+    Constexpr parameters must come after every runtime parameter (they are passed positionally)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        params = getattr(fn, "params", None) or []
+        self.const_names = [p.name for p in params if p.is_constexpr]
+        flags = [p.is_constexpr for p in params]
+        if flags and flags != sorted(flags):
+            raise ValueError(f"FastLaunch: {getattr(fn, '__name__', fn)} has a runtime parameter after a constexpr")
+        self.compiled: dict[tuple, object] = {}
+
+    def __call__(self, grid: tuple[int, ...], args: list, consts: dict, num_warps: int, num_stages: int = 3) -> None:
+        if not FAST_LAUNCH:
+            self.fn[grid](*args, **consts, num_warps=num_warps, num_stages=num_stages)
+            return
+        g = (*grid, 1, 1)[:3]
+        key = (tuple(consts.items()), num_warps, num_stages, launch_spec(args))
+        ck = self.compiled.get(key)
+        if ck is None:
+            self.compiled[key] = self.fn[g](*args, **consts, num_warps=num_warps, num_stages=num_stages)
+        else:
+            ck[g](*args, *[consts[n] for n in self.const_names])
 
 
 def pow2(n: int) -> int:
@@ -64,36 +115,29 @@ def require_fold(fold: CanonicalFold | None, weight: torch.Tensor, op: str) -> N
                              f"{tuple(weight.shape)} on {weight.device}")
 
 
-def folded_row_mask(rows: RowIdentity, fold: CanonicalFold, first_tile: int, num_tiles: int) -> np.ndarray:
-    """Which of this call's rows a fold step covers (host side, from the rows' logical identity).
-
-    Uses only the fold's public ``lengths`` and ``tile``: the canonical tile of (sample, position).
-    """
-    sample = rows.sample.cpu().numpy()
-    position = rows.position.cpu().numpy()
-    tiles_per_sample = (fold.lengths + fold.tile - 1) // fold.tile
-    base = np.concatenate([[0], np.cumsum(tiles_per_sample)]).astype(np.int64)
-    real = sample >= 0
-    tile_of = np.full(sample.shape, -1, dtype=np.int64)
-    tile_of[real] = base[sample[real]] + position[real] // fold.tile
-    return real & (tile_of >= first_tile) & (tile_of < first_tile + num_tiles)
-
-
-def leftover_table(rows_idx: np.ndarray, offset: int, tile: int, device: torch.device) -> torch.Tensor | None:
-    """int32 [n, tile] table of source rows (``rows_idx + offset``, -1 padded) or None when empty."""
-    if rows_idx.size == 0:
-        return None
-    n = (rows_idx.size + tile - 1) // tile
-    table = np.full(n * tile, -1, dtype=np.int32)
-    table[: rows_idx.size] = rows_idx + offset
-    return torch.as_tensor(table.reshape(n, tile), device=device)
+def rest_desc(n_rows: int, covered: tuple[np.ndarray, np.ndarray], tile: int) -> np.ndarray:
+    """Descriptors (row0, count <= tile), int32 [n, 2], of the call's rows outside the ``covered`` row ranges
+    (row0, count arrays of disjoint ranges): pads, rows carried to a later call, rows of staged tiles.
+    O(ranges + n_rows / tile)."""
+    row0, count = covered
+    order = np.argsort(row0, kind="stable")
+    lo = np.concatenate([[0], row0[order] + count[order]])
+    hi = np.concatenate([row0[order], [n_rows]])
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    pieces = (hi - lo + tile - 1) // tile
+    nth = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    first = np.repeat(lo, pieces) + tile * nth
+    out = np.empty((len(first), 2), dtype=np.int32)
+    out[:, 0] = first
+    out[:, 1] = np.minimum(np.repeat(hi, pieces) - first, tile)
+    return out
 
 
-def own_rows_table(n_rows: int, tile: int, device: torch.device) -> torch.Tensor:
-    """Every row of the call, in order, as an int32 [n, tile] table (used when no fold is needed)."""
-    n = (n_rows + tile - 1) // tile
-    idx = torch.arange(n * tile, dtype=torch.int32, device=device)
-    return torch.where(idx < n_rows, idx, torch.full_like(idx, -1)).view(n, tile)
+def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A small host array on ``device`` (pinned, non-blocking: the host never waits for the GPU)."""
+    host = torch.from_numpy(np.ascontiguousarray(a))
+    return host if device.type != "cuda" else host.pin_memory().to(device, non_blocking=True)
 
 
 @triton.jit
@@ -124,10 +168,11 @@ def norm_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tens
                   fold: CanonicalFold | None, tile: int, launch, need_dx: bool) -> torch.Tensor | None:
     """The canonical-protocol backward shared by the row-normalising kernels (rms_norm, qk_norm).
 
-    ``launch(work, x, dy, dx=, partials=, n_carried=, fold=, store_dx=)`` runs the op's fused kernel over a
-    table of row indices: for a fold step it writes dx of its rows and one fp32 dweight partial per
-    tile; rows that no ready tile covers (pads, rows carried to a later call) get dx from a second
-    launch without partials. The partials are folded into fold.main_grad in canonical order.
+    ``launch(desc, x, dy, xs, dys, dx=, partials=, fold=, store_dx=)`` runs the op's fused kernel over tile
+    descriptors (``TileStep.desc``: rows of x / dy, or of the staging xs / dys): for a fold step it writes
+    dx of the call's rows it reads in place and one fp32 dweight partial per tile; the call's other rows
+    (pads, rows carried to a later call or staged) get dx from a second launch without partials. The
+    partials are folded into fold.main_grad in canonical order.
     """
     n_rows = x.shape[0]
     row_elems = int(np.prod(x.shape[1:]))
@@ -135,30 +180,30 @@ def norm_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tens
     dx = torch.empty_like(x) if need_dx else None
     dx_arg = dx if dx is not None else x
     empty = torch.empty(0, dtype=torch.float32, device=x.device)
+    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     if fold is None:
         if need_dx and x.numel():
-            launch(own_rows_table(n_rows, tile, x.device), x, dy, dx=dx_arg, partials=empty, n_carried=0,
+            launch(upload(rest_desc(n_rows, none, tile), x.device), x, dy, x, dy, dx=dx_arg, partials=empty,
                    fold=False, store_dx=True)
         return dx
     if rows is None or rows.num_rows != n_rows:
         raise ValueError(f"{op}: rows must describe every row of x")
     if fold.tile != tile:
         raise ValueError(f"{op}: fold.tile must be {op}.TILE={tile}, got {fold.tile}")
-    first = fold.cursor
-    step = fold.take(rows, (x, dy))
-    src_x, src_dy = step.tensors
-    n_carried = src_x.shape[0] - n_rows
+    step = fold.take_tiles(rows, (x, dy))
+    xs, dys = step.stage
     if row_elems and step.num_tiles:
         partials = torch.empty((step.num_tiles, weight.shape[0]), dtype=torch.float32, device=x.device)
-        launch(step.plan, src_x, src_dy, dx=dx_arg, partials=partials, n_carried=n_carried, fold=True,
-               store_dx=need_dx)
+        launch(step.desc, x, dy, xs, dys, dx=dx_arg, partials=partials, fold=True, store_dx=need_dx)
         fold_partials(partials, fold.main_grad.view(-1))
     if need_dx and x.numel():
-        covered = folded_row_mask(rows, fold, first, step.num_tiles)
-        rest = leftover_table(np.nonzero(~covered)[0], n_carried, tile, x.device)
-        if rest is not None:
-            launch(rest, src_x, src_dy, dx=dx_arg, partials=empty, n_carried=n_carried, fold=False, store_dx=True)
+        rest = rest_desc(n_rows, step.direct_rows(), tile)
+        if len(rest):
+            launch(upload(rest, x.device), x, dy, x, dy, dx=dx_arg, partials=empty, fold=False, store_dx=True)
     return dx
+
+
+_FOLD = FastLaunch(_fold_kernel)
 
 
 def fold_partials(partials: torch.Tensor, acc: torch.Tensor) -> None:
@@ -166,8 +211,8 @@ def fold_partials(partials: torch.Tensor, acc: torch.Tensor) -> None:
     n_tiles, n_cols = partials.shape
     if n_tiles == 0 or n_cols == 0:
         return
-    grid = (triton.cdiv(n_cols, FOLD_BLOCK),)
-    _fold_kernel[grid](partials, acc, n_tiles, n_cols, BLOCK=FOLD_BLOCK, UNROLL=FOLD_UNROLL, num_warps=1)
+    _FOLD((triton.cdiv(n_cols, FOLD_BLOCK),), [partials, acc, n_tiles, n_cols],
+          {"BLOCK": FOLD_BLOCK, "UNROLL": FOLD_UNROLL}, num_warps=1)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -205,6 +250,30 @@ def cast_out(x, dtype: tl.constexpr, SOFT_RNE: tl.constexpr):
         return (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return x.to(dtype)
+
+
+@triton.jit
+def mma(a, b, acc):
+    """``tl.dot(a, b, acc)`` (acc may be None) whose bits do not depend on the host CPU.
+
+    On the GPU (PORTABLE_DOT false) this is tl.dot, unchanged. Under the interpreter it never touches BLAS:
+    exact FP32 products (bf16 x bf16 fits in FP32) summed along K by numpy's reduction, whose order is a
+    function of the block shape only, the same for every row and column and on every CPU; then added to
+    acc as tl.dot does (acc + a @ b). Operands of any float dtype: this path upcasts itself (the
+    interpreter's bf16 dot is wrong), so callers need no UPCAST of their own before it.
+
+    Why a nested jit helper and not an inline pattern: the interpreter re-patches the language on every
+    nested call, measured at ~0.1 ms a call (5-8% of one 64x64x32 product), and no difference at all on
+    tests/test_triton_kernels_ii.py (13.45 s either way, triton 3.6); on the GPU it is inlined.
+    """
+    if PORTABLE_DOT:
+        prod = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        if acc is None:
+            return prod
+        else:
+            return acc + prod
+    else:
+        return tl.dot(a, b, acc)
 
 
 @triton.jit

@@ -5,7 +5,8 @@ Why it is batch-invariant:
   tensor-core steps; tile shapes follow M (measured on the H200: 16x32..128x256 tiles, BLOCK_K
   32..128, mma.sync and wgmma give the same row bits), the order along K never does;
 - dW is a GEMM whose reduction axis is the token axis, run over the canonical token tiles of a
-  ``FoldStep`` plan (rows gathered through the plan, ``-1`` rows are zeros), with its fp32
+  ``TileStep`` (tile descriptors: rows read in place or from the fold's staging rows, absent rows are
+  zeros), with its fp32
   accumulator initialised by LOADING main_grad and stored back: the same tiles in the same order
   whatever the batching, so B=N, N x B=1, chunked, padded and permuted calls give the same bits.
 
@@ -13,14 +14,15 @@ Speed (issue 5, second pass):
 - the operand that is contiguous along N (W in dX, W chunks in linear_logp's dhidden) is indexed
   ``rn % N`` with contiguity hints when N % 8 == 0, so its loads stay 16-byte async copies (a
   ``where`` clamp there made them 2-byte loads and spilled);
-- the dW fold prefetches the next tile's row indices one iteration ahead, so the gather loads
+- the dW fold prefetches the next tile's descriptor one iteration ahead, so the gather loads
   are software-pipelined like a plain GEMM (an index load in the same iteration left 2 buffers
   and a wait-all per step);
 - launches skip ``triton.autotune``: a config is tuned once per key (``Tuner``), then the
   compiled kernel is called directly, keyed by everything Triton specialises on.
 
-Under ``TRITON_INTERPRET=1`` (CPU) every launch uses one pinned configuration and upcasts the
-operands of ``tl.dot`` to fp32 (the interpreter's bf16 dot is wrong).
+Under ``TRITON_INTERPRET=1`` (CPU) every launch uses one pinned configuration and every product goes
+through ``_common.mma``: a fixed-order FP32 product that never reaches the host BLAS (whose kernel, chosen
+by the CPU, makes a row's bits depend on its position in the block); on the GPU ``mma`` is ``tl.dot``.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsweep.canonical import CanonicalFold, FoldStep, RowIdentity
-from gradsweep.triton_kernels._common import cast_out
+from gradsweep.canonical import CanonicalFold, RowIdentity, TileStep
+from gradsweep.triton_kernels._common import cast_out, mma
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 TILE = 64  # canonical token tile of the dW fold (the fold kernel's K block equals it)
@@ -195,10 +197,7 @@ def _mm_kernel(A, B, C, M, N, K,
             k_ok = (k0 + rk) < K
             a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
             b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
+        acc = mma(a, b, acc)
         a_ptr += BK * s_ak
         b_ptr += BK * s_bk
     tl.store(c_ptr, cast_out(acc, C.dtype.element_ty, UPCAST), mask=c_mask)
@@ -266,16 +265,17 @@ def matmul_accumulate(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> to
 
 
 @triton.jit
-def _dw_kernel(PLAN, X, DY, G, n_tiles, N, K,
+def _dw_kernel(DESC, X, DY, XS, DYS, G, n_tiles, N, K,
                s_x, s_dy, s_g,
-               BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, GROUP_M: tl.constexpr,
-               UPCAST: tl.constexpr):
-    """G[N,K] (fp32, loaded first) += sum over plan tiles, in order, of DY[rows]^T @ X[rows].
+               BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, GROUP_M: tl.constexpr):
+    """G[N,K] (fp32, loaded first) += sum over the tiles, in order, of DY[rows]^T @ X[rows].
 
+    Tile t is ``DESC[t] = (row0, count)``: slots 0..count-1 are rows row0.. of X / DY, or rows -row0-1.. of
+    the staging XS / DYS (same row strides) when row0 < 0; slots past count are zero rows (masked loads).
     The reduction axis is the token axis: one canonical tile (BT tokens) per iteration, no split.
-    The next tile's row indices are loaded one iteration ahead (``nxt``): the gather loads then
-    depend on a loop-carried value, not on a load of the same iteration, and the compiler
-    pipelines them several stages deep like a plain GEMM.
+    The next tile's descriptor is loaded one iteration ahead: the gather loads then depend on a
+    loop-carried value, not on a load of the same iteration, and the compiler pipelines them several
+    stages deep like a plain GEMM.
     """
     pid_n, pid_k = _tile_ids(tl.program_id(0), tl.cdiv(N, BN), tl.cdiv(K, BK), GROUP_M)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -287,18 +287,22 @@ def _dw_kernel(PLAN, X, DY, G, n_tiles, N, K,
     g_mask = n_ok[:, None] & k_ok[None, :]
     acc = tl.load(g_ptr, mask=g_mask, other=0.0)  # main grad loaded BEFORE the fold
     last = n_tiles - 1
-    nxt = tl.load(PLAN + rt)
+    nxt_row0 = tl.load(DESC)
+    nxt_count = tl.load(DESC + 1)
     for t in range(0, n_tiles):
-        idx = nxt
-        nxt = tl.load(PLAN + tl.minimum(t + 1, last) * BT + rt)
-        live = idx >= 0
-        row = tl.where(live, idx, 0).to(tl.int64)
-        dy = tl.load(DY + row[:, None] * s_dy + rn[None, :], mask=live[:, None] & n_ok[None, :], other=0.0)
-        x = tl.load(X + row[:, None] * s_x + rk[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
-        if UPCAST:
-            dy = dy.to(tl.float32)
-            x = x.to(tl.float32)
-        acc = tl.dot(tl.trans(dy), x, acc)
+        row0 = nxt_row0
+        count = nxt_count
+        ahead = tl.minimum(t + 1, last) * 2
+        nxt_row0 = tl.load(DESC + ahead)
+        nxt_count = tl.load(DESC + ahead + 1)
+        staged = row0 < 0
+        row = tl.where(staged, -row0 - 1, row0).to(tl.int64) + rt
+        live = rt < count
+        xb = tl.where(staged, XS, X)
+        dyb = tl.where(staged, DYS, DY)
+        dy = tl.load(dyb + row[:, None] * s_dy + rn[None, :], mask=live[:, None] & n_ok[None, :], other=0.0)
+        x = tl.load(xb + row[:, None] * s_x + rk[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
+        acc = mma(tl.trans(dy), x, acc)
     tl.store(g_ptr, acc, mask=g_mask)
 
 
@@ -315,44 +319,51 @@ def dw_configs(key: tuple) -> list[triton.Config]:
 _DW = Tuner(_dw_kernel, dw_configs)
 
 
-def dw_fold(step: FoldStep, main_grad: torch.Tensor, x_index: int = 0, dy_index: int = 1) -> torch.Tensor:
+def dw_fold(step: TileStep, x: torch.Tensor, dy: torch.Tensor, main_grad: torch.Tensor,
+            x_index: int = 0, dy_index: int = 1) -> torch.Tensor:
     """Fold the step's canonical tiles of dY^T X into fp32 ``main_grad`` [N, K] (in place).
 
-    ``step.tensors[x_index]`` is X [S, K] and ``step.tensors[dy_index]`` is dY [S, N]; rows are
-    read through ``step.plan``.  The kernel loads main_grad, folds tile after tile, stores it.
+    ``x`` [S, K] and ``dy`` [S, N] are the call's row tensors passed to ``take_tiles``, at ``x_index`` /
+    ``dy_index`` of its tensors (their staging twins are ``step.stage[...]``). The kernel loads main_grad,
+    folds tile after tile, stores it.
     """
-    x = step.tensors[x_index].contiguous()
-    dy = step.tensors[dy_index].contiguous()
-    return dw_fold_raw(step.plan, x, dy, main_grad)
+    if step.tile != TILE:
+        raise ValueError(f"dw_fold: the fold's tile must be gemm.TILE={TILE}, got {step.tile}")
+    return dw_fold_tiles(step.desc, x, dy, main_grad, step.stage[x_index], step.stage[dy_index])
 
 
-def dw_fold_raw(plan: torch.Tensor, x: torch.Tensor, dy: torch.Tensor,
-                main_grad: torch.Tensor) -> torch.Tensor:
-    """The fold kernel on explicit tensors (plan [n_tiles, tile] int32; main_grad may be a row slice)."""
+def dw_fold_tiles(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_grad: torch.Tensor,
+                  xs: torch.Tensor | None = None, dys: torch.Tensor | None = None) -> torch.Tensor:
+    """The fold kernel on explicit tensors: ``desc`` int32 [n_tiles, 2] (``TileStep.desc``), x / dy the call's
+    rows and xs / dys the staging rows (default: x / dy); main_grad may be a row slice."""
     n, k = main_grad.shape
+    xs = x if xs is None else xs
+    dys = dy if dys is None else dys
     if main_grad.dtype != torch.float32 or main_grad.stride(1) != 1:
         raise ValueError("dw_fold: main_grad must be fp32 with contiguous rows")
     if x.shape[1] != k or dy.shape[1] != n or x.shape[0] != dy.shape[0]:
         raise ValueError(f"dw_fold: X {tuple(x.shape)}, dY {tuple(dy.shape)} do not fit main_grad {(n, k)}")
-    n_tiles, bt = plan.shape
+    if xs.shape[1:] != x.shape[1:] or dys.shape[1:] != dy.shape[1:] or xs.shape[0] != dys.shape[0]:
+        raise ValueError("dw_fold: the staging tensors must be shaped like X and dY")
+    n_tiles = desc.shape[0]
     if n_tiles == 0 or n == 0 or k == 0:
         return main_grad
-    if x.stride(1) != 1 or dy.stride(1) != 1:
-        raise ValueError("dw_fold: X and dY must have contiguous rows")
-    if bt < 16 or bt & (bt - 1):
-        raise ValueError(f"dw_fold: the fold tile must be a power of two >= 16, got {bt}")
-    if plan.dtype != torch.int32 or plan.device != x.device or not plan.is_contiguous():
-        plan = plan.to(device=x.device, dtype=torch.int32).contiguous()
-    args = [plan, x, dy, main_grad, loop_bound(n_tiles), n, k, x.stride(0), dy.stride(0), main_grad.stride(0)]
+    if any(t.stride(1) != 1 for t in (x, dy, xs, dys)) or xs.stride(0) != x.stride(0) or dys.stride(0) != dy.stride(0):
+        raise ValueError("dw_fold: X, dY and their staging tensors must have contiguous rows of equal strides")
+    bt = TILE
+    if desc.dtype != torch.int32 or desc.device != x.device or not desc.is_contiguous():
+        desc = desc.to(device=x.device, dtype=torch.int32).contiguous()
+    args = [desc, x, dy, xs, dys, main_grad, loop_bound(n_tiles), n, k, x.stride(0), dy.stride(0),
+            main_grad.stride(0)]
     if INTERPRET:
         cfg = _CPU_DW
         grid = (triton.cdiv(n, cfg["BN"]) * triton.cdiv(k, cfg["BK"]),)
-        _dw_kernel[grid](*args, **cfg, BT=bt, UPCAST=True)
+        _dw_kernel[grid](*args, **cfg, BT=bt)
         return main_grad
 
     def grid(meta):
         return (triton.cdiv(n, meta["BN"]) * triton.cdiv(k, meta["BK"]),)
-    _DW((n, k, bt, x.dtype, dy.dtype), grid, args, {"BT": bt, "UPCAST": False}, scratch=3)
+    _DW((n, k, bt, x.dtype, dy.dtype), grid, args, {"BT": bt}, scratch=5)
     return main_grad
 
 
@@ -383,8 +394,8 @@ class DetLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             if ctx.fold is None:
                 raise ValueError("det_linear backward: weight requires grad but fold is None")
-            step = ctx.fold.take(ctx.rows, (x, dy))
-            dw_fold(step, ctx.fold.main_grad)
+            step = ctx.fold.take_tiles(ctx.rows, (x, dy))
+            dw_fold(step, x, dy, ctx.fold.main_grad)
         return dx, None, None, None
 
 

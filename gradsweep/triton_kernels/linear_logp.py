@@ -10,8 +10,8 @@ Backward: the vocabulary is walked in chunks of ``BWD_VCHUNK`` columns.  Per chu
 an element-wise epilogue recomputes dlogits = g (onehot - exp(logit - lse)) in bf16 [S, chunk]
 (peak extra memory O(R x chunk)); dhidden accumulates chunk after chunk in an fp32 buffer that
 each GEMM loads (one sequential order over V, whatever the chunk size); dW rows of the chunk are
-folded into ``fold.main_grad`` by the canonical fold kernel.  Rows the fold carries from an earlier
-call are recomputed from their saved (hidden, target, lse, g).
+folded into ``fold.main_grad`` by the canonical fold kernel.  Rows of staged tiles (carried from an
+earlier call, or split across calls) are recomputed from their staged (hidden, target, lse, g).
 
 Targets outside [0, V) give logp 0 and zero gradients.
 """
@@ -25,13 +25,14 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.triton_kernels._common import mma
 from gradsweep.triton_kernels.gemm import (
     TILE,
     Tuner,
     _check_fold,
     _tile_ids,
     cast_out,
-    dw_fold_raw,
+    dw_fold_tiles,
     loop_bound,
     m_bucket,
     matmul_accumulate,
@@ -53,7 +54,7 @@ _COMBINE_ROWS = 128
 @triton.jit
 def _fused_fwd_kernel(H, W, T, PM, PS, PT, R, V, K, n_chunks, s_h, s_w,
                       VCHUNK: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-                      EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+                      EVEN_K: tl.constexpr):
     """Per (row tile, vocab chunk): running max, sum of exp and target logit of the chunk's columns."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(R, BM)
@@ -82,10 +83,7 @@ def _fused_fwd_kernel(H, W, T, PM, PS, PT, R, V, K, n_chunks, s_h, s_w,
                     k_ok = (k0 + rk) < K
                     a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
                     b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b, acc)
+                acc = mma(a, b, acc)
                 a_ptr += BK
                 b_ptr += BK
             logits = tl.where(rv[None, :] < V, acc, float("-inf"))
@@ -141,7 +139,7 @@ def fused_forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     grid = (triton.cdiv(r, cfg["BM"]) * n_chunks,)
     _fused_fwd_kernel[grid](hidden, weight, targets, part[0], part[1], part[2], r, v, loop_bound(k), n_chunks,
                             hidden.stride(0), weight.stride(0), **cfg, EVEN_K=k % cfg["BK"] == 0,
-                            UPCAST=INTERPRET, num_warps=warps, num_stages=stages)
+                            num_warps=warps, num_stages=stages)
     _combine_kernel[(triton.cdiv(r, _COMBINE_ROWS),)](part[0], part[1], part[2], targets, out, lse, r, v,
                                                        loop_bound(n_chunks), BR=_COMBINE_ROWS, num_warps=4)
     return out, lse
@@ -170,10 +168,7 @@ def _dlogits_kernel(H, W, T, LSE, G, D, M, N, K, v0, V,
             k_ok = (k0 + rk) < K
             a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
             b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
+        acc = mma(a, b, acc)
         a_ptr += BK
         b_ptr += BK
     t = tl.load(T + am)
@@ -228,23 +223,26 @@ class LinearLogpFn(torch.autograd.Function):
         g = g.float().contiguous()
         r, k = hidden.shape
         v = weight.shape[0]
-        src, n_pend, plan = (hidden, targets, lse, g), 0, None
+        step = None
         if need_w:
             if ctx.fold is None:
                 raise ValueError("linear_logp backward: weight requires grad but fold is None")
-            step = ctx.fold.take(ctx.rows, src)
-            if step.num_tiles > 0:
-                src = tuple(t.contiguous() for t in step.tensors)
-                n_pend, plan = src[0].shape[0] - r, step.plan
+            step = ctx.fold.take_tiles(ctx.rows, (hidden, targets, lse, g))
+            if step.num_tiles == 0:
+                step = None
+        # rows of staged tiles (carried from earlier calls) are recomputed from their staged (hidden, target, lse, g)
+        staged = tuple(t[:step.stage_rows] for t in step.stage) if step is not None and step.staged else None
         dh_acc = torch.zeros(r, k, dtype=torch.float32, device=hidden.device) if need_h else None
-        if plan is not None or (need_h and r > 0):
+        if step is not None or (need_h and r > 0):
             for v0 in range(0, v, BWD_VCHUNK):
                 w_c = weight[v0:v0 + BWD_VCHUNK]
-                d = dlogits_chunk(src[0], w_c, src[1], src[2], src[3], v0, v)
+                d = dlogits_chunk(hidden, w_c, targets, lse, g, v0, v)
                 if dh_acc is not None:
-                    matmul_accumulate(d[n_pend:], w_c, dh_acc)
-                if plan is not None:
-                    dw_fold_raw(plan, src[0], d, ctx.fold.main_grad[v0:v0 + w_c.shape[0]])
+                    matmul_accumulate(d, w_c, dh_acc)
+                if step is not None:
+                    d_s = dlogits_chunk(*staged[:1], w_c, *staged[1:], v0, v) if staged is not None else d
+                    dw_fold_tiles(step.desc, hidden, d, ctx.fold.main_grad[v0:v0 + w_c.shape[0]],
+                                  staged[0] if staged is not None else hidden, d_s)
         dh = dh_acc.to(hidden.dtype) if dh_acc is not None else None
         return dh, None, None, None, None
 

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.triton_kernels._common import (
+    FastLaunch,
     norm_backward,
     pow2,
     require_fold,
@@ -50,11 +51,18 @@ def _qk_fwd_kernel(x_ptr, w_ptr, y_ptr, n_rows, NH, D, eps,
 
 
 @triton.jit
-def _qk_bwd_kernel(work_ptr, x_ptr, dy_ptr, w_ptr, dx_ptr, part_ptr, n_carried, NH, D, eps,
+def _qk_bwd_kernel(desc_ptr, x_ptr, dy_ptr, xs_ptr, dys_ptr, w_ptr, dx_ptr, part_ptr, NH, D, eps,
                    TILE: tl.constexpr, TOK: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
                    STAGES: tl.constexpr, FOLD: tl.constexpr, STORE_DX: tl.constexpr):
-    """One work tile of TILE tokens (-1 = zero token): TOK tokens at a time, in slot order."""
+    """One work tile ``desc[t] = (row0, count)`` of TILE token slots (rows of x / dy, or of the staging
+    xs / dys when row0 < 0; slots past count are zero tokens): TOK tokens at a time, in slot order."""
     t = tl.program_id(0).to(tl.int64)
+    row0 = tl.load(desc_ptr + 2 * t)
+    count = tl.load(desc_ptr + 2 * t + 1)
+    staged = row0 < 0
+    first = tl.where(staged, -row0 - 1, row0).to(tl.int64)
+    xb = tl.where(staged, xs_ptr, x_ptr)
+    dyb = tl.where(staged, dys_ptr, dy_ptr)
     h = tl.arange(0, BH)
     d = tl.arange(0, BD)
     fm = ((h < NH)[:, None] & (d < D)[None, :])[None, :, :]
@@ -62,25 +70,28 @@ def _qk_bwd_kernel(work_ptr, x_ptr, dy_ptr, w_ptr, dx_ptr, part_ptr, n_carried, 
     w = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
     acc = tl.zeros([TOK, BH, BD], dtype=tl.float32)
     for j0 in tl.range(0, TILE, TOK, num_stages=STAGES):  # pipelined; a static unroll would spill
-        idx = tl.load(work_ptr + t * TILE + j0 + tl.arange(0, TOK)).to(tl.int64)
-        valid = (idx >= 0)[:, None, None]
-        m = fm & valid
-        off = tl.maximum(idx, 0)[:, None, None] * NH * D + inner
-        x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=2) / D + eps)
+        j = j0 + tl.arange(0, TOK)
+        valid = j < count
+        m = fm & valid[:, None, None]
+        off = (first + j)[:, None, None] * NH * D + inner
+        x = tl.load(xb + off, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dyb + off, mask=m, other=0.0).to(tl.float32)
+        # zero tokens and padded heads give xhat = 0 even when eps = 0 (rsqrt(0) = inf, and 0 * inf is NaN)
+        rstd = tl.where(valid[:, None] & (h < NH)[None, :], tl.rsqrt(tl.sum(x * x, axis=2) / D + eps), 0.0)
         xhat = x * rstd[:, :, None]
         if STORE_DX:
             g = dy * w[None, None, :]
             c = tl.sum(g * xhat, axis=2) / D
             dx = rstd[:, :, None] * (g - xhat * c[:, :, None])
-            doff = tl.maximum(idx - n_carried, 0)[:, None, None] * NH * D + inner
-            own = (idx >= n_carried)[:, None, None]
-            tl.store(dx_ptr + doff, to_out(dx, dx_ptr.dtype.element_ty), mask=m & own)
+            own = tl.where(staged, False, valid)  # a where, not a scalar &: triton 3.9's interpreter wants bool masks
+            tl.store(dx_ptr + off, to_out(dx, dx_ptr.dtype.element_ty), mask=fm & own[:, None, None])
         if FOLD:
             acc += dy * xhat
     if FOLD:  # fixed order: lanes (token slot % TOK, head) accumulate in slot order, then summed once
         tl.store(part_ptr + t * D + d, tl.sum(tl.sum(acc, axis=1), axis=0), mask=d < D)
+
+
+_BWD = FastLaunch(_qk_bwd_kernel)
 
 
 def qk_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -96,16 +107,17 @@ def qk_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return y
 
 
-def _launch_bwd(work: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tensor,
-                dx: torch.Tensor, partials: torch.Tensor, n_carried: int, eps: float, fold: bool,
+def _launch_bwd(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, xs: torch.Tensor, dys: torch.Tensor,
+                weight: torch.Tensor, dx: torch.Tensor, partials: torch.Tensor, eps: float, fold: bool,
                 store_dx: bool) -> None:
-    if work.shape[0] == 0:
+    """The backward kernel over tile descriptors (``TileStep.desc``; xs / dys: the staging tensors)."""
+    if desc.shape[0] == 0:
         return
     _, heads, head_dim = x.shape
     tok, bh, bd, warps = _config(heads, head_dim)
-    _qk_bwd_kernel[(work.shape[0],)](work, x, dy, weight, dx, partials, n_carried, heads, head_dim,
-                                     float(eps), TILE=TILE, TOK=tok, BH=bh, BD=bd, STAGES=BWD_STAGES,
-                                     FOLD=fold, STORE_DX=store_dx, num_warps=warps)
+    _BWD((desc.shape[0],), [desc, x, dy, xs, dys, weight, dx, partials, heads, head_dim, float(eps)],
+         {"TILE": TILE, "TOK": tok, "BH": bh, "BD": bd, "STAGES": BWD_STAGES, "FOLD": fold, "STORE_DX": store_dx},
+         num_warps=warps)
 
 
 def qk_norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, eps: float,
