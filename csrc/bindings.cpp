@@ -12,6 +12,8 @@
 
 namespace py = pybind11;
 
+void bind_attention_rl(py::module_& m);  // bindings_attention_rl.cpp: attention and RL launchers
+
 namespace {
 
 void check(int code, const char* what) {
@@ -227,4 +229,6 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("hidden"), py::arg("weight"), py::arg("targets"), py::arg("lse"), py::arg("g"), py::arg("d"),
      py::arg("M"), py::arg("N"), py::arg("K"), py::arg("v0"), py::arg("vocab"), py::arg("ldh"), py::arg("ldw"),
      py::arg("ldd"), py::arg("device"), py::arg("stream"));
+
+  bind_attention_rl(m);
 }

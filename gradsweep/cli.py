@@ -17,8 +17,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
-from gradsweep.sweep.errors import BadInput, one_line
-from gradsweep.sweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
+from gradsweep.errors import BadInput, one_line
+from gradsweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
 from gradsweep.sweep.tally import EXIT_FAIL, EXIT_USAGE
 
 EXIT_STALE = 4
@@ -259,9 +259,11 @@ def report(
     The signature is checked against the trust file (or --trusted-key) first; unverifiable evidence is
     refused unless --allow-unverified, which marks every rendering UNVERIFIED.
     """
+    from io import StringIO
+
     from gradsweep.bench.evidence import is_bench_evidence
+    from gradsweep.evidence.envelope import write_atomic
     from gradsweep.evidence.verify import EvidenceError
-    from gradsweep.report.readers import open_evidence
 
     _need_file(evidence)
     if out is not None:
@@ -270,73 +272,39 @@ def report(
         except BadInput as exc:
             fail(exc)
     if is_bench_evidence(evidence):
-        _report_bench(evidence, fmt, out, trusted_key, trust_file, allow_unverified)
-        return
-    try:
-        opened = open_evidence(evidence, trusted_key, trust_file, allow_unverified)
-    except EvidenceError as exc:
-        fail(exc, EXIT_FAIL)
-    for banner in opened.banners:
-        say(f"WARNING: {banner}")
-    pred = opened.predicate
-    if fmt is Format.table:
-        from io import StringIO
+        from gradsweep.report.bench import open_bench, render_bench, render_bench_junit, render_bench_markdown
 
-        from gradsweep.report.table import render_report
-
-        buffer = StringIO() if out is not None else None
-        console = make_console(buffer) if buffer is not None else make_console()
-        render_report(pred, console, max_problems=10_000, banners=opened.banners, note=opened.note())
-        text = buffer.getvalue() if buffer is not None else None
-    elif fmt is Format.md:
-        from gradsweep.report.markdown import render_markdown
-
-        text = render_markdown(pred, banners=opened.banners, note=opened.note())
+        opener, table, markdown, junit = open_bench, render_bench, render_bench_markdown, render_bench_junit
     else:
         from gradsweep.report.junit import render_junit
+        from gradsweep.report.markdown import render_markdown
+        from gradsweep.report.readers import open_evidence
+        from gradsweep.report.table import render_report
 
-        text = render_junit(pred, banners=opened.banners)
-    if text is None:
-        return
-    if out is None:
-        sys.stdout.write(text)
-        return
+        def table(pred, console, banners, note):
+            render_report(pred, console, max_problems=10_000, banners=banners, note=note)
+
+        opener, markdown, junit = open_evidence, render_markdown, render_junit
     try:
-        out.write_text(text)
-    except OSError as exc:
-        fail(f"--out {out}: cannot write ({exc.strerror})")
-
-
-def _report_bench(evidence: Path, fmt: Format, out: Path | None, trusted_key: list[Path] | None,
-                  trust_file: Path | None, allow_unverified: bool) -> None:
-    """``report`` of bench evidence: the same verification first, then the bench renderers."""
-    from io import StringIO
-
-    from gradsweep.evidence.verify import EvidenceError
-    from gradsweep.report.bench import open_bench, render_bench, render_bench_junit, render_bench_markdown
-
-    try:
-        opened = open_bench(evidence, trusted_key, trust_file, allow_unverified)
+        opened = opener(evidence, trusted_key, trust_file, allow_unverified)
     except EvidenceError as exc:
         fail(exc, EXIT_FAIL)
     for banner in opened.banners:
         say(f"WARNING: {banner}")
+    pred, banners, note = opened.predicate, opened.banners, opened.note()
     if fmt is Format.table:
         buffer = StringIO() if out is not None else None
-        render_bench(opened.predicate, make_console(buffer) if buffer is not None else make_console(),
-                     banners=opened.banners, note=opened.note())
+        table(pred, make_console(buffer) if buffer is not None else make_console(), banners=banners, note=note)
         text = buffer.getvalue() if buffer is not None else None
     elif fmt is Format.md:
-        text = render_bench_markdown(opened.predicate, banners=opened.banners, note=opened.note())
+        text = markdown(pred, banners=banners, note=note)
     else:
-        text = render_bench_junit(opened.predicate, banners=opened.banners)
+        text = junit(pred, banners=banners)
     if text is None:
         return
     if out is None:
         sys.stdout.write(text)
         return
-    from gradsweep.evidence.envelope import write_atomic
-
     try:
         write_atomic(out, text.encode())
     except OSError as exc:
@@ -381,12 +349,13 @@ def verify(
     """
     from gradsweep.evidence.custom_code import custom_code_warnings
     from gradsweep.evidence.freshness import stale_checks
-    from gradsweep.evidence.verify import EvidenceError, verify_evidence
+    from gradsweep.evidence.verify import EvidenceError
+    from gradsweep.report.readers import verify_any_evidence
 
     _need_file(evidence)
     signers = _signers(trusted_key, trust_file)
     try:
-        result = verify_evidence(evidence, signers, tree)
+        result = verify_any_evidence(evidence, signers, tree)
     except EvidenceError as exc:
         fail(exc, EXIT_FAIL)
     pred = result.predicate
@@ -486,8 +455,8 @@ def merge(
     tracked reds and extension build.
     """
     from gradsweep.evidence.signing import KeyFileError, resolve_signer, signing_key_location
-    from gradsweep.report.merge import merge_shards
     from gradsweep.report.table import render_report
+    from gradsweep.sweep.merge import merge_shards
 
     for shard in shards:
         _need_file(shard, "shard")
@@ -637,12 +606,12 @@ def drift(
     inference-style role and compares every boundary; exit 1 when a bitwise pair differs, a parity side is
     outside the contract, or an advertised deterministic profile does not repeat.
     """
-    from gradsweep.drift_cli import run_drift
+    from gradsweep.drift.command import DriftRequest, run_and_render
 
+    req = DriftRequest(manifest, list(profile or ["torch_bf16"]), train, infer, infer_profile, layers, hidden, inner,
+                       vocab, out, key, dlogp, rl, reruns, allow_plugins)
     try:
-        _report, text, code = run_drift(manifest, profile or ["torch_bf16"], train, infer, infer_profile, layers,
-                                        hidden, inner, vocab, out, key, dlogp, rl, reruns, as_json, allow_plugins,
-                                        say=say)
+        _report, text, code = run_and_render(req, as_json, say=say)
     except BadInput as exc:
         fail(exc)
     sys.stdout.write(text)

@@ -15,6 +15,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gradsweep.families import Family
+
 
 class CheckKind(str, Enum):
     FORWARD_ACCURACY = "forward_accuracy"
@@ -95,7 +97,7 @@ class _Fp32Output(BaseModel):
     model_config = ConfigDict(extra="forbid")
     op: str
     tensor: str
-    families: list[Literal["torch", "triton", "cuda"]] = Field(min_length=1)
+    families: list[Family] = Field(min_length=1)
 
 
 class _AccuracySection(BaseModel):

@@ -2,6 +2,11 @@
 
 Strict (unknown keys are refused), versioned (``manifest_version``) and exportable as JSON Schema.
 Every error names the field, the bad value and what is allowed.
+
+Version 2: a profile names its family and lists only its exceptions (``missing_required``, ``skipped``,
+``optional``, or another implementation); every other op of the manifest runs ``<family>.<op>``, the
+candidate the op declares for each kernel module its family ships (``gradsweep.families``). Version 1 files
+still load unchanged: their profiles list every candidate, and an op a profile omits is undeclared.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ from pydantic import (
     model_validator,
 )
 
+from gradsweep.contract import load_contract
+from gradsweep.env_policy import check_profile_env
+from gradsweep.families import KERNEL_PACKAGES, Family, impl_id
 from gradsweep.results import CellKey
-from gradsweep.sweep.env_policy import check_profile_env
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # what new manifests declare
+MANIFEST_VERSIONS = (1, 2)  # what this gradsweep reads
 MANIFEST_DIR = Path(__file__).resolve().parent.parent / "manifests"
 DEFAULT_MANIFEST = MANIFEST_DIR / "default.yaml"
 ALLOW_PLUGINS = "allow_plugins"  # validation-context key: import the manifest's plugin modules
@@ -69,16 +77,18 @@ class ProfileSpec(BaseModel):
     """A backend family and the candidates it declares."""
 
     model_config = ConfigDict(extra="forbid")
-    family: Literal["torch", "triton", "cuda"]
+    family: Family
     device: Literal["cpu", "cuda", "auto"] = "auto"
     requires: list[Literal["cuda", "cuda-sm90", "triton", "triton-interpret", "cuda-ext"]] = Field(
         default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="set in the worker before any import; only "
-                                "allowlisted names (TRITON_*, CUDA_*, GRADSWEEP_*, ...: gradsweep.sweep.env_policy)")
+                                "allowlisted names (TRITON_*, CUDA_*, GRADSWEEP_*, ...: gradsweep.env_policy)")
     release_evidence: bool = Field(True, description="false for CI-only views such as triton_interpret")
     deterministic_logp: bool = Field(False, description="advertises same-backend, same-build deterministic logp: "
                                      "gradsweep drift re-runs this profile's roles and checks the bits")
-    candidates: dict[str, CandidateDecl] = Field(default_factory=dict)
+    candidates: dict[str, CandidateDecl] = Field(
+        default_factory=dict, description="manifest_version 2: only the exceptions (every other op runs "
+        "'<family>.<op>'); version 1: every op's candidate (an op left out is undeclared)")
 
     @field_validator("env")
     @classmethod
@@ -121,7 +131,7 @@ class Manifest(BaseModel):
     """A sweep: which cells exist and how each is run."""
 
     model_config = ConfigDict(extra="forbid")
-    manifest_version: Literal[1]
+    manifest_version: Literal[1, 2]
     name: str = Field(min_length=1)
     contract: str = Field("contract.yaml", description="contract file, relative to the manifest")
     seed: int = 0
@@ -147,6 +157,11 @@ class Manifest(BaseModel):
     def contract_path(self) -> Path:
         base = self._source.parent if self._source is not None else MANIFEST_DIR
         return (base / self.contract).resolve()
+
+    @property
+    def contract_version(self) -> str:
+        """The version of the contract file (ValueError, one line, when it cannot be read)."""
+        return str(load_contract(self.contract_path).version)
 
     @model_validator(mode="after")
     def _cross_check(self, info: ValidationInfo) -> Manifest:
@@ -191,6 +206,11 @@ class Manifest(BaseModel):
                     raise ValueError(f"profiles.{prof_name}.candidates.{op_name}.impl: {decl.impl!r} belongs "
                                      f"to the {family!r} family but the profile is {prof.family!r}: a profile "
                                      "never borrows another family's implementation")
+        if self.manifest_version >= 2:
+            for prof_name, prof in self.profiles.items():
+                for op_name in self.ops:
+                    if op_name not in prof.candidates:
+                        prof.candidates[op_name] = family_candidate(prof_name, prof.family, op_name)
         return self
 
     def layouts_for(self, op_name: str) -> list[str]:
@@ -209,6 +229,18 @@ class Manifest(BaseModel):
 
     def shape(self, op_name: str) -> dict[str, Any]:
         return dict(self.ops[op_name].shape)
+
+
+def family_candidate(profile: str, family: Family, op_name: str) -> CandidateDecl:
+    """A version-2 profile's candidate for an op it does not list: its family's ``<family>.<op>``, required."""
+    from gradsweep.ops.registry import get_op
+
+    impl = impl_id(family, op_name)
+    if impl not in get_op(op_name).candidates:
+        where = f" (no gradsweep/{KERNEL_PACKAGES[family]}/ module of {op_name})" if family in KERNEL_PACKAGES else ""
+        raise ValueError(f"profiles.{profile}.candidates.{op_name}: op {op_name} has no {impl!r} implementation"
+                         f"{where}; declare the exception, e.g. {{status: missing_required, reason: ...}}")
+    return CandidateDecl(impl=impl)
 
 
 def _format_error(path: Path, exc: ValidationError) -> str:
@@ -238,9 +270,9 @@ def load_manifest(path: str | Path, allow_plugins: bool = False) -> Manifest:
         raise ManifestError(f"manifest {path}: malformed YAML{where}; fix the syntax") from None
     if not isinstance(data, dict):
         raise ManifestError(f"manifest {path}: top level must be a mapping with manifest_version, name, ...")
-    if "manifest_version" in data and data["manifest_version"] != MANIFEST_VERSION:
+    if "manifest_version" in data and data["manifest_version"] not in MANIFEST_VERSIONS:
         raise ManifestError(f"manifest {path}: field 'manifest_version': {data['manifest_version']!r} is not "
-                            f"supported; this gradsweep reads version {MANIFEST_VERSION}")
+                            f"supported; this gradsweep reads versions {', '.join(map(str, MANIFEST_VERSIONS))}")
     try:
         manifest = Manifest.model_validate(data, context={ALLOW_PLUGINS: allow_plugins})
     except ValidationError as exc:

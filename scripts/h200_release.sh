@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One device call on a Hopper box (the lent H200): build csrc/, CUDA checks, GPU tests, release sweep,
-# verify, report.
+# One device call on a Hopper box (the lent H200): build csrc/, GPU tests (the CUDA family's checks go through
+# check_kernel there), release sweep, verify, report.
 # Usage (repo root, on the GPU machine): bash scripts/h200_release.sh OUTDIR KEY [SWEEP ARGS...]
 #   KEY: the release signing key (PEM), kept out of git: e.g. .keys/h200-release.pem (.keys/ is ignored;
 #   carry it to the device explicitly). Its public key must have an entry in evidence/trust.yaml allowing
 #   manifest h200 for the evidence to verify by default (see docs/evidence.md, "Adding a key").
-# Writes at most 8 files into OUTDIR (the device tool returns no more): build.log, cuda_check.json,
-# cuda_check.log, gpu_tests.log, sweep.log, h200.evidence.json, h200.test-result.json, h200.md.
+# Writes at most 8 files into OUTDIR (the device tool returns no more): build.log, gpu_tests.log, sweep.log,
+# h200.evidence.json, h200.test-result.json, h200.md.
 # With several GPUs visible the sweep places one worker on each (docs/sharding.md).
 set -uo pipefail
 out=${1:?OUTDIR}; key=${2:?signing key}; shift 2
@@ -22,8 +22,6 @@ fi
   time python3 setup.py build_ext --inplace
 } > "$out/build.log" 2>&1
 tail -3 "$out/build.log"
-python3 bench/gpu_check_cuda.py --out "$out/cuda_check.json" > "$out/cuda_check.log" 2>&1; echo "cuda check rc=$?"
-tail -25 "$out/cuda_check.log"
 python3 -m pytest -q -m gpu tests/ 2>&1 | tee "$out/gpu_tests.log" | tail -15; echo "gpu tests rc=${PIPESTATUS[0]}"
 python3 -m gradsweep.cli sweep manifests/h200.yaml -o "$out/h200.evidence.json" --key "$key" --no-progress "$@" \
   > "$out/sweep.log" 2>&1; echo "sweep rc=$?"

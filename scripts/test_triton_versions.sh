@@ -29,7 +29,7 @@ fi
 if [ $# -gt 0 ]; then
   pytest_args=("$@")
 else
-  pytest_args=(tests/test_triton_kernels_i.py tests/test_triton_kernels_ii.py tests/test_triton_attention.py
+  pytest_args=(tests/test_triton_rowwise.py tests/test_triton_gemm_vocab.py tests/test_triton_attention.py
                tests/test_portable_dot.py tests/test_fold_plans.py tests/test_canonical_workload.py)
 fi
 

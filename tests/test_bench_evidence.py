@@ -25,8 +25,9 @@ from gradsweep.cli import app
 from gradsweep.evidence.envelope import open_envelope
 from gradsweep.evidence.signing import write_keypair
 from gradsweep.evidence.trust import ad_hoc_signers
-from gradsweep.evidence.verify import EvidenceError, verify_evidence
+from gradsweep.evidence.verify import EvidenceError
 from gradsweep.manifest import MANIFEST_DIR
+from gradsweep.report.readers import verify_any_evidence as verify_evidence
 
 MODE_MS = {"fwd": 1.0, "fwd_train": 1.25, "fwd_bwd": 3.0}
 
@@ -203,7 +204,7 @@ def test_the_envelope_is_the_sweeps(run):
 
 
 def test_readme_table_is_regenerated_between_the_markers_only(run, tmp_path):
-    from gradsweep.bench.readme import BEGIN, END, ReadmeError, main, splice
+    from gradsweep.report.bench_readme import BEGIN, END, ReadmeError, main, splice
 
     outcome, key, _ = run
     pub = str(key.with_name("k.pub.pem"))

@@ -18,7 +18,7 @@ from gradsweep.bench.metrics import family_metrics, phase_ms, settle
 from gradsweep.bench.predicate import ImplRecord
 from gradsweep.bench.runner import OpStep, chunk_cut, chunked_layout, packed_layout, rows_apart_layout
 from gradsweep.bench.subjects import OpSubject
-from gradsweep.bench.timing import Timing, device_activity, merged_busy_ns
+from gradsweep.bench.timing import Timing, device_activity, device_spans, merged_busy_ns
 from gradsweep.ops.base import CallOutput, Candidate
 from gradsweep.ops.registry import get_op
 
@@ -150,3 +150,18 @@ def test_a_failed_check_fails_the_run_and_is_recorded_on_the_case():
     assert record.references["stock"].status == "ok" and fam.measured.e2e_ms is not None
     summary = summarise([record])
     assert summary.checks_failed == 2 and verdict(summary).exit_code == 1
+
+
+def test_device_spans_read_the_public_profiler_events():
+    """Kernels-only time comes from the profiler's public event list (torch 2.11 has no kineto activity_type)."""
+    from types import SimpleNamespace
+
+    def ev(name, dev, start, end, annotation=False):
+        return SimpleNamespace(name=name, device_type=dev, is_user_annotation=annotation,
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    prof = SimpleNamespace(events=lambda: [ev("gemm_kernel", "cuda", 1.0, 3.0), ev("aten::mm", "cpu", 0.0, 9.0),
+                                           ev("step", "cuda", 0.0, 10.0, annotation=True),
+                                           ev("Memcpy DtoD", "cuda", 2.0, 4.0)])
+    spans = device_spans(prof, "cuda")
+    assert spans == [(1000, 3000), (2000, 4000)] and merged_busy_ns(spans) == 3000

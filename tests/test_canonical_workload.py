@@ -98,6 +98,7 @@ def test_workload_values_are_a_pure_function_of_logical_identity():
     g = w.upstream("y", fillers, (64,))
     assert torch.isfinite(g).all() and (g != 0).any(-1).all()  # fillers: finite, nonzero (never a harmless 0)
     start = w.main_grad_start("W", (3, 5), 0.25)
-    assert start.dtype == torch.float32 and (start != 0).all() and torch.equal(start, w.main_grad_start("W", (3, 5), 0.25))
+    assert start.dtype == torch.float32 and (start != 0).all()
+    assert torch.equal(start, w.main_grad_start("W", (3, 5), 0.25))  # a pure function of (seed, name)
     mask = w.active_mask(full)
     assert 0 < int(mask.sum()) < 130 and w.active_denominator() == int(mask.sum())

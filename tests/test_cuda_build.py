@@ -2,8 +2,8 @@
 
 The build test compiles gradsweep._C from this tree into a temporary directory (the shipped flags, both
 Hopper targets), imports that copy, and checks what cuda_status() says: on a GPU-less box a driver/device
-reason, on a CUDA box 'ok'. The GPU tests run the checks of bench/gpu_check_cuda.py (bitwise invariance
-across layouts, accuracy against float64 with a numerical-analysis bound).
+reason, on a CUDA box 'ok'. The family's GPU checks (every op through ``check_kernel``, the contract's bounds,
+bitwise invariance) live in tests/test_cuda_ops.py.
 """
 
 from __future__ import annotations
@@ -96,32 +96,7 @@ def _gpu_ready() -> tuple[bool, str]:
     return ok, why
 
 
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check_cuda", ROOT / "bench" / "gpu_check_cuda.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 _GPU_OK, _GPU_WHY = _gpu_ready() if torch.cuda.is_available() else (False, "no CUDA in torch")
-_CHECK_NAMES = [
-    "rms_norm/invariance/H4096", "rms_norm/invariance/H1000", "rms_norm/invariance/H100",
-    "rms_norm/rowwise/H4096", "rms_norm/rowwise/H100", "rms_norm/accuracy/H4096", "rms_norm/accuracy/H100",
-    "rms_norm/empty", "silu/invariance", "silu/accuracy", "swiglu/invariance", "swiglu/accuracy",
-    "rope/invariance/h8d128", "rope/invariance/h3d10", "rope/accuracy/h8d128", "rope/accuracy/h8d128/pos32k",
-    "rope/accuracy/h4d64/pos200k",
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
-@pytest.mark.parametrize("name", _CHECK_NAMES)
-def test_gpu_check(name: str) -> None:
-    checks = _bench().CHECKS
-    assert set(_CHECK_NAMES) == set(checks), "keep _CHECK_NAMES in step with bench CHECKS"
-    passed, detail = checks[name]()
-    assert passed, detail
 
 
 @pytest.mark.gpu

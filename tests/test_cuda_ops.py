@@ -1,67 +1,49 @@
-"""The CUDA family's ops of issue 10 (gradsweep.cuda_kernels: det_gemm, lm_head, linear_logp, logp,
-batch_invariant_logp, embedding, qk_norm, pack).
+"""The CUDA family's ops (gradsweep.cuda_kernels) through the one kernel check, ``check_kernel``.
 
-- CPU: bad input fails with one-line ValueErrors; every new launcher is in the built extension (when built);
-  the checks of bench/cuda_ops_check.py run through the production modules against a CPU stand-in of
-  gradsweep._C (tests/fakes/cuda_ext.py), which exercises the Python glue (fold plans, carried rows, chunk
-  loops, argument order) and proves the checks can fail (a planted fault goes red).
-- GPU (``-m gpu``): the same checks on the real kernels, through the same production code path.
+- CPU: every op's Python glue (fold plans, carried rows, chunk loops, argument order, strides) runs through
+  ``check_kernel(op, "cuda.<op>")`` against a CPU stand-in of gradsweep._C (tests/fakes/cuda_ext.py), on every
+  layout of the default manifest, judged exactly as a sweep cell (accuracy from manifests/contract.yaml,
+  invariance bitwise); planted faults in the stand-in (a fold that ignores the loaded main grad, tiles folded
+  in reverse, a logp that sees its neighbours) go red; bad input fails with one-line ValueErrors.
+- GPU (``-m gpu``): ``check_kernel(op, "cuda.<op>", device="cuda")`` on the real kernels, and rows computed
+  alone vs in batches of other sizes, compared bitwise.
 """
 
 from __future__ import annotations
-
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime
+from gradsweep.harness.compare import bitwise_compare
+from gradsweep.harness.kernel_check import check_kernel
+from gradsweep.results import Status
 from tests.fakes import cuda_ext
 
-ROOT = Path(__file__).resolve().parents[1]
 LAUNCHERS = ("qk_norm_dw_tiles", "embedding_fwd", "embedding_fold", "pack_rows", "logp_fwd", "logp_bwd",
              "gemm_nt", "gemm_nn", "gemm_dw_fold", "llp_forward", "llp_dlogits")
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cuda_ops_check", ROOT / "bench" / "cuda_ops_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCH = _bench()
-# The CPU stand-in computes GEMMs element by element in float64: the K=4096 row sweep and the widest
-# vocabulary stay on the GPU, every other check runs here too.
-_CPU_SKIP = ("det_gemm/rows/K4096N512", "linear_logp/K256V3000/invariance", "det_gemm/K512N256/invariance",
-             "lm_head/K256V1000/invariance", "batch_invariant_logp/K256V1000/invariance")
-CPU_CHECKS = [n for n in BENCH.CHECKS if n not in _CPU_SKIP]
+# The ops the CPU stand-in implements (issue 10); the GPU also runs the row-wise ops of issue 7.
+STAND_IN_OPS = ("det_gemm", "lm_head", "linear_logp", "logp", "batch_invariant_logp", "embedding", "qk_norm", "pack")
+GPU_OPS = (*STAND_IN_OPS, "rms_norm", "rope", "silu", "swiglu")
 
 
 @pytest.fixture
 def fake_ext(monkeypatch: pytest.MonkeyPatch):
     ext = cuda_ext.install(monkeypatch)
-    monkeypatch.setattr(BENCH, "DEV", "cpu")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one reduction order for the stand-in's float64 sums
     yield ext
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("name", CPU_CHECKS)
-def test_checks_on_cpu_stand_in(fake_ext, name: str) -> None:
-    passed, detail = BENCH.CHECKS[name]()
-    assert passed, detail
+@pytest.mark.parametrize("op", STAND_IN_OPS)
+def test_glue_on_cpu_stand_in(fake_ext, op: str) -> None:
+    report = check_kernel(op, f"cuda.{op}")
+    assert report.cells and report.ok, report.first_failure
 
 
-def test_checks_go_red_on_a_planted_fault(fake_ext, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A dW fold that ignores the loaded main grad, and one that folds a call's tiles in reverse, are caught."""
+def test_a_fold_that_ignores_the_loaded_main_grad_is_red(fake_ext, monkeypatch: pytest.MonkeyPatch) -> None:
     real = fake_ext.gemm_dw_fold
 
     def no_load(plan, n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream):
@@ -69,20 +51,24 @@ def test_checks_go_red_on_a_planted_fault(fake_ext, monkeypatch: pytest.MonkeyPa
         real(plan, n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream)
 
     monkeypatch.setattr(fake_ext, "gemm_dw_fold", no_load)
-    passed, detail = BENCH.CHECKS["det_gemm/K48N80/accuracy"]()
-    assert not passed and "dW" in detail
+    report = check_kernel("det_gemm", "cuda.det_gemm", layouts=["bn_full"])
+    assert report.status == Status.RED_VERDICT and "dW" in report.first_failure
+
+
+def test_tiles_folded_in_reverse_are_red(fake_ext, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = fake_ext.gemm_dw_fold
 
     def reversed_tiles(plan, n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream):
         p = cuda_ext._t(plan).reshape(-1)[: n_tiles * tile].view(n_tiles, tile).flip(0).contiguous()
         real(cuda_ext._ptr(p), n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream)
 
     monkeypatch.setattr(fake_ext, "gemm_dw_fold", reversed_tiles)
-    passed, detail = BENCH.CHECKS["det_gemm/K48N80/invariance"]()
-    assert not passed and "main_grad" in detail
+    report = check_kernel("det_gemm", "cuda.det_gemm", layouts=["bn_full", "bn_chunked"])
+    assert report.cells["bn_chunked"].status == Status.RED_VERDICT
+    assert "dW" in (report.cells["bn_chunked"].first_failure or "")
 
 
-def test_checks_go_red_on_a_leaking_pad(fake_ext, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A logp whose rows see their neighbours (a batch-wide max) fails invariance."""
+def test_a_logp_that_sees_its_neighbours_is_red(fake_ext, monkeypatch: pytest.MonkeyPatch) -> None:
     real = fake_ext.logp_fwd
 
     def batch_max(logits, targets, out, lse, rows, vocab, ld, device, stream):
@@ -91,8 +77,8 @@ def test_checks_go_red_on_a_leaking_pad(fake_ext, monkeypatch: pytest.MonkeyPatc
         cuda_ext._t(out)[:rows] += torch.nan_to_num(z, nan=0.0, posinf=0.0, neginf=0.0).amax() * 1e-3
 
     monkeypatch.setattr(fake_ext, "logp_fwd", batch_max)
-    passed, _ = BENCH.CHECKS["logp/V300/invariance"]()
-    assert not passed
+    report = check_kernel("logp", "cuda.logp", layouts=["bn_full", "b1_singleton"])
+    assert report.cells["b1_singleton"].status == Status.RED_VERDICT
 
 
 def test_launchers_are_built() -> None:
@@ -163,9 +149,47 @@ def _gpu_ready() -> tuple[bool, str]:
 _GPU_OK, _GPU_WHY = _gpu_ready()
 
 
+@pytest.mark.parametrize("op", GPU_OPS)
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
-@pytest.mark.parametrize("name", list(BENCH.CHECKS))
-def test_gpu_check(name: str) -> None:
-    passed, detail = BENCH.CHECKS[name]()
-    assert passed, detail
+def test_gpu_check(op: str) -> None:
+    report = check_kernel(op, f"cuda.{op}", device="cuda")
+    assert report.cells and report.ok, report.first_failure
+
+
+def _rows_alone_vs_batched(fn, inputs: list[torch.Tensor], sizes=(1, 7, 64, 1000)) -> list[str]:
+    """Rows of ``fn(*inputs)`` for the full batch vs the first m rows computed alone, bitwise; the differences."""
+    full = fn(*inputs)
+    bad = []
+    for m in sizes:
+        part = fn(*[t[:m] for t in inputs])
+        diff = bitwise_compare(full[:m], part)
+        if not diff.equal:
+            bad.append(f"M={m}: {diff.mismatched} elements differ")
+    return bad
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+def test_gpu_rows_do_not_depend_on_the_batch() -> None:
+    """M-independence at realistic widths: a row's bits are the same whatever rows share its call."""
+    from gradsweep.cuda_kernels import gemm, linear_logp, logp, rms_norm
+
+    gen = torch.Generator().manual_seed(3)
+    dev = "cuda"
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(shape, generator=gen) * scale).to(torch.bfloat16).to(dev)
+
+    x, w = randn(1000, 4096), randn(4096, 4096, scale=4096 ** -0.5)
+    t = torch.randint(0, 32000, (1000,), generator=gen).to(dev)
+    lm = randn(32000, 4096, scale=4096 ** -0.5)
+    rows = lambda n: RowIdentity.packed([n])  # noqa: E731
+    bad = {
+        "det_linear": _rows_alone_vs_batched(lambda a: gemm.matmul_invariant(a, w), [x]),
+        "rms_norm": _rows_alone_vs_batched(lambda a: rms_norm.rms_norm_forward(a, w[0], 1e-6)[0], [x]),
+        "logp": _rows_alone_vs_batched(lambda z, tt: logp.selected_logp(z, tt), [randn(1000, 32000), t]),
+        "linear_logp": _rows_alone_vs_batched(
+            lambda h, tt: linear_logp.linear_logp(h, lm, tt, rows(h.shape[0]), None), [x, t]),
+    }
+    assert not any(bad.values()), bad

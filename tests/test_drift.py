@@ -41,6 +41,7 @@ def manifest_file(tmp: Path, **ops) -> Path:
     data["contract"] = str(MANIFEST_DIR / "contract.yaml")
     data["samples"]["lengths"] = LENGTHS
     data["layouts"] = {"bn_full": {}, "bn_chunked": {"chunks": CHUNKS}, "decode": {}}
+    data["ops"]["chain"].pop("layouts", None)  # the sweep's restriction names layouts this manifest drops
     data["ops"].update(ops)
     path = tmp / "drift.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -153,8 +154,9 @@ def test_cuda_profile_on_a_cpu_box_names_the_requirement(manifest):
 def test_rl_fragment_declared_missing_is_unsupported(tmp_path):
     path = manifest_file(tmp_path, rl_dpo={"shape": {}}, rl_ratio={"shape": {}})
     data = yaml.safe_load(path.read_text())
-    data["profiles"][TORCH]["candidates"]["rl_dpo"] = {"status": "missing_required", "reason": "no DPO here"}
-    data["profiles"][TORCH]["candidates"]["rl_ratio"] = {"impl": "torch.rl_ratio"}
+    decls = data["profiles"][TORCH].setdefault("candidates", {})
+    decls["rl_dpo"] = {"status": "missing_required", "reason": "no DPO here"}
+    decls["rl_ratio"] = {"impl": "torch.rl_ratio"}
     path.write_text(yaml.safe_dump(data))
     m = load_manifest(path)
     (pair,) = run_drift_plan(DriftPlan(m, SHAPE, [_pair(TORCH, "bn_full")], dlogp=False))["pairs"]

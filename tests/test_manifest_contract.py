@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import pathlib
 import re
-
-import copy
 
 import pytest
 import yaml
@@ -77,8 +76,10 @@ def test_unknown_key_is_refused(tmp_path):
 
 
 def test_profile_borrowing_another_family_is_refused(tmp_path):
-    msg = _refused(tmp_path, lambda d: d["profiles"]["triton_cuda_bf16"]["candidates"].__setitem__(
-        "rms_norm", {"impl": "torch.rms_norm"}))
+    def borrow(d):
+        d["profiles"]["triton_cuda_bf16"].setdefault("candidates", {})["rms_norm"] = {"impl": "torch.rms_norm"}
+
+    msg = _refused(tmp_path, borrow)
     assert "never borrows" in msg
 
 
@@ -135,7 +136,8 @@ def test_no_tolerance_outside_the_contract():
 
 def test_the_tolerance_guard_sees_what_it_must():
     for planted in ("assert err < 1e-3", "ok = rel <= 2 ** -6", "torch.testing.assert_close(a, b)",
-                    "np.allclose(a, b)", "x = f(a, atol=1)", "REL_BOUND = 2e-2", "EPS32, EPS16 = 2.0 ** -24, 2.0 ** -8"):
+                    "np.allclose(a, b)", "x = f(a, atol=1)", "REL_BOUND = 2e-2",
+                    "EPS32, EPS16 = 2.0 ** -24, 2.0 ** -8"):
         assert _TOLERANCE.search(planted), planted
     for fine in ("assert d.mismatched == 0", "scale = 2.0 ** -0.5", "floor: 1.0e-5"):
         assert not _TOLERANCE.search(fine), fine

@@ -19,12 +19,12 @@ import yaml
 from typer.testing import CliRunner
 
 from gradsweep.cli import app
+from gradsweep.errors import BadInput
 from gradsweep.evidence.signing import write_keypair
 from gradsweep.evidence.verify import read_evidence
 from gradsweep.manifest import DEFAULT_MANIFEST, MANIFEST_DIR, Manifest, ManifestError, load_manifest
 from gradsweep.ops.registry import all_ops
 from gradsweep.results import CellKey
-from gradsweep.sweep.errors import BadInput
 from gradsweep.sweep.memory import GPU, HOST, SAFETY, check_memory, estimate_op
 from tests.fakes.helpers import FAKE_CELL, FAKE_LOADER, REPO, write_manifest
 from tests.helpers import planted_manifest_dict

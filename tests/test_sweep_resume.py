@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from gradsweep.errors import BadInput
 from gradsweep.evidence.provenance import collect_provenance
 from gradsweep.evidence.signing import write_keypair
 from gradsweep.results import CellResult
 from gradsweep.sweep.api import SweepOptions, execute_sweep, prepare_sweep
-from gradsweep.sweep.errors import BadInput
 from gradsweep.sweep.partial import partial_path
 from tests.fakes.helpers import FAKE_CELL, FAKE_LOADER, REPO, write_manifest
 

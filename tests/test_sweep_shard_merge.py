@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from gradsweep.errors import BadInput
 from gradsweep.evidence.provenance import Provenance, collect_provenance
 from gradsweep.evidence.signing import load_signer, write_keypair
 from gradsweep.evidence.trust import ad_hoc_signers
 from gradsweep.evidence.verify import check_signature
-from gradsweep.report.merge import merge_shards
 from gradsweep.results import CellKey
 from gradsweep.sweep.api import SweepOptions, execute_sweep, prepare_sweep
-from gradsweep.sweep.errors import BadInput
+from gradsweep.sweep.merge import merge_shards
 from gradsweep.sweep.shard import Shard, parse_shard, select_shard
 from tests.fakes.helpers import FAKE_CELL, FAKE_LOADER, REPO, write_manifest
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from gradsweep.errors import BadInput
 from gradsweep.evidence.predicate import Tally
 from gradsweep.results import CellKey, CellResult, Status
-from gradsweep.sweep.errors import BadInput
 from gradsweep.sweep.tally import mark, tally, verdict
-from gradsweep.sweep.tracked import TrackedEntry, load_tracked
+from gradsweep.tracked_reds import TrackedEntry, load_tracked
 
 
 def _r(cell: str, status: Status) -> CellResult:

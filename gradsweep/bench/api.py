@@ -31,7 +31,7 @@ from gradsweep.bench.predicate import (
 from gradsweep.bench.suite import select
 from gradsweep.bench.targets import DEFAULT_TARGETS, TargetsError, load_targets
 from gradsweep.bench.timing import Budget, CudaTimer, HostTimer, Timer
-from gradsweep.sweep.errors import BadInput, one_line
+from gradsweep.errors import BadInput, one_line
 
 Say = Callable[[str], None]
 EXIT_OK, EXIT_FAIL, EXIT_NO_DEVICE = 0, 1, 3

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gradsweep.families import KERNEL_FAMILIES
+
 Phase = Literal["fwd", "bwd", "fwd_bwd"]
 Grads = Literal["all", "inputs", "params"]
 Split = Literal["rows", "chunks", "none"]
@@ -58,7 +60,7 @@ class Case:
     check_shape: dict[str, Any] | None = None
     check_layouts: tuple[str, ...] = ("b1_singleton", "bn_chunked")
     runner: str = "op"
-    families: tuple[str, ...] = ("triton", "cuda")
+    families: tuple[str, ...] = KERNEL_FAMILIES
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

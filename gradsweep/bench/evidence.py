@@ -17,13 +17,12 @@ from pydantic import ValidationError
 
 from gradsweep.bench.predicate import BENCH_PREDICATE, BenchPredicate
 from gradsweep.evidence.envelope import EnvelopeError, decode_statement, open_envelope, seal, write_atomic
-from gradsweep.evidence.extension import extension_digest
-from gradsweep.evidence.freshness import DIFFERS, EXTENSION, MISSING, NOT_COMPARED, NOT_RECORDED, SAME, InputCheck
+from gradsweep.evidence.freshness import NOT_COMPARED, SAME, InputCheck, extension_check, file_check, source_check
 from gradsweep.evidence.jsonsafe import jsonable
-from gradsweep.evidence.paths import is_external, resolve_recorded
-from gradsweep.evidence.source_digest import file_sha256, tree_digest
+from gradsweep.evidence.source_digest import file_sha256, repo_root
 from gradsweep.evidence.statement import SOURCE_SUBJECT, STATEMENT_TYPE
 from gradsweep.evidence.trust import Signer
+from gradsweep.evidence.verify import EvidenceError, VerifyReport, allowed_signers, verified_payload
 
 
 class BenchEvidenceError(ValueError):
@@ -88,8 +87,6 @@ def read_bench(path: Path) -> BenchPredicate:
 
 def check_bench_signature(path: Path, trusted: list[Signer]) -> tuple[BenchPredicate, list[Signer]]:
     """Verify the signature against trusted signers and the signer's permission for the manifest."""
-    from gradsweep.evidence.verify import EvidenceError, verified_payload
-
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -99,19 +96,20 @@ def check_bench_signature(path: Path, trusted: list[Signer]) -> tuple[BenchPredi
         pred = parse_statement(decode_statement(payload))
     except (EnvelopeError, BenchEvidenceError) as exc:
         raise EvidenceError(f"evidence {path}: signed, but {exc}") from None
-    allowed = [s for s in signers if s.may_sign(pred.manifest.name)]
-    if not allowed:
-        names = ", ".join(f"{s.name} (may sign: {', '.join(s.manifests or ())})" for s in signers)
-        raise EvidenceError(f"evidence {path}: signed by {names}, which the trust file does not allow to sign "
-                            f"manifest {pred.manifest.name!r}")
+    allowed = allowed_signers(signers, pred.manifest.name, path)
     check_chart(path, pred)
     return pred, allowed
 
 
+def verify_bench(path: Path, trusted: list[Signer], tree: Path | None = None) -> VerifyReport:
+    """Signature first (raises EvidenceError), then every input of the figures against the checkout at ``tree``."""
+    bench, who = check_bench_signature(path, trusted)
+    return VerifyReport(predicate=bench, signers=who, checks=bench_inputs(bench, (tree or repo_root()).resolve(), path),
+                        kind="bench")
+
+
 def check_chart(path: Path, pred: BenchPredicate) -> str:
     """'same' / 'not beside the evidence' / 'none written'; an edited chart raises EvidenceError."""
-    from gradsweep.evidence.verify import EvidenceError
-
     if pred.chart.file is None or pred.chart.sha256 is None:
         return "none written"
     chart = path.parent / pred.chart.file
@@ -124,43 +122,13 @@ def check_chart(path: Path, pred: BenchPredicate) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ freshness
-def _file(name: str, recorded: str | None, sha: str | None, root: Path) -> InputCheck:
-    if recorded is None and sha is None:
-        return InputCheck(name, NOT_COMPARED, "the run used none")
-    if sha is None:
-        return InputCheck(name, NOT_RECORDED, f"no digest of {recorded}")
-    if recorded is None or is_external(recorded):
-        return InputCheck(name, NOT_COMPARED, f"{recorded or 'file'} was outside the repository when the bench ran")
-    current = resolve_recorded(recorded, root)
-    if current is None or not current.is_file():
-        return InputCheck(name, MISSING, f"{recorded} is not in this checkout")
-    digest = file_sha256(current)
-    if digest != sha:
-        return InputCheck(name, DIFFERS, f"{recorded} is {digest[:16]}, the bench used {sha[:16]}")
-    return InputCheck(name, SAME, recorded)
-
-
 def bench_inputs(pred: BenchPredicate, root: Path, evidence: Path | None = None) -> list[InputCheck]:
     """Every input of the figures against the checkout at ``root`` (the chart's check is reported too)."""
-    tree = tree_digest(root, tuple(pred.source.roots)).sha256
-    roots = "+".join(pred.source.roots)
-    checks = [InputCheck("source tree", SAME, f"{roots} {tree[:16]}") if tree == pred.source.sha256 else
-              InputCheck("source tree", DIFFERS, f"{roots} is {tree[:16]}, the bench ran {pred.source.sha256[:16]}"),
-              _file("manifest", pred.manifest.path, pred.manifest.sha256, root),
-              _file("targets", pred.targets.path, pred.targets.sha256, root),
-              _file("contract", pred.contract.path, pred.contract.sha256, root)]
-    here = extension_digest(root)
-    rec = pred.extension
-    if here is None:
-        checks.append(InputCheck(EXTENSION, NOT_COMPARED, "not built in this checkout" if rec else
-                                 "not built for the run, not built here"))
-    elif rec is None:
-        checks.append(InputCheck(EXTENSION, DIFFERS, f"this checkout has {here[1][:16]}; the run had no built "
-                                 "extension"))
-    elif here[1] != rec.sha256:
-        checks.append(InputCheck(EXTENSION, DIFFERS, f"{here[1][:16]} here, the bench measured {rec.sha256[:16]}"))
-    else:
-        checks.append(InputCheck(EXTENSION, SAME, f"{rec.path} {rec.sha256[:16]}"))
+    checks = [source_check(pred.source, root),
+              file_check("manifest", pred.manifest.path, pred.manifest.sha256, root, run="bench"),
+              file_check("targets", pred.targets.path, pred.targets.sha256, root, run="bench"),
+              file_check("contract", pred.contract.path, pred.contract.sha256, root, run="bench"),
+              extension_check(pred.extension, root)]
     if evidence is not None:
         state = check_chart(evidence, pred)
         same = state == "same"

@@ -24,7 +24,7 @@ from gradsweep.bench.subjects import OpSubject, Subject
 from gradsweep.bench.suite import HOST, Slot
 from gradsweep.bench.targets import Target
 from gradsweep.bench.timing import Timer
-from gradsweep.sweep.errors import one_line
+from gradsweep.errors import one_line
 
 
 def _error(exc: BaseException) -> str:

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field, replace
 
 from gradsweep.bench.cases import Case
 from gradsweep.bench.catalog import STEP_OPS, catalog, default_cases
+from gradsweep.errors import BadInput
+from gradsweep.families import impl_id
 from gradsweep.manifest import CandidateStatus, Manifest
 from gradsweep.ops.base import Candidate
-from gradsweep.sweep.errors import BadInput
 
 HOST = "host"
 
@@ -80,7 +81,7 @@ def _candidate(manifest: Manifest, profile: str, op: str, family: str) -> tuple[
 
     spec = get_op(op)
     if op not in manifest.ops:
-        impl = f"{family}.{op}"
+        impl = impl_id(family, op)
         if impl in spec.candidates:
             return spec.candidates[impl], ""
         return None, f"no {impl} candidate is registered"

@@ -15,10 +15,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gradsweep.bench.cases import Case
+from gradsweep.families import KERNEL_FAMILIES
 
 TARGETS_VERSION = 1
 DEFAULT_TARGETS = Path(__file__).resolve().parents[2] / "manifests" / "bench_targets.yaml"
-FAMILY_NAMES = ("triton", "cuda", "host")
+FAMILY_NAMES = (*KERNEL_FAMILIES, "host")
 
 
 class TargetsError(ValueError):

@@ -26,7 +26,6 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 Fn = Callable[[], object]
-_DEVICE_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 class Timing(BaseModel):
@@ -94,10 +93,32 @@ class Timer(Protocol):
 
 
 def device_activity(activity: object, annotation: bool) -> bool:
-    """A device event that is work (a kernel, copy or memset), not a range drawn around work."""
+    """A device event that is work (a kernel, copy or memset), not a range drawn around work.
+
+    ``activity`` is a kineto activity type or a device event's name: a kernel's name need not say "kernel",
+    so any named device event counts unless it is an annotation or the runtime itself.
+    """
     name = str(activity).lower()
-    return not annotation and "annotation" not in name and (name in _DEVICE_ACTIVITIES or "kernel" in name
-                                                            or "memcpy" in name or "memset" in name)
+    if annotation or "annotation" in name or "runtime" in name:
+        return False
+    return True
+
+
+def device_spans(prof, cuda_type: object) -> list[tuple[int, int]]:
+    """[start, end) in ns of every device work event a profiler saw (kernels, copies, memsets).
+
+    Through the profiler's public event list (FunctionEvent: device_type, time_range in us); the raw kineto
+    events' accessors differ between torch releases (torch 2.11 has no ``activity_type``).
+    """
+    spans = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) != cuda_type:
+            continue
+        if not device_activity(getattr(e, "name", "kernel"), bool(getattr(e, "is_user_annotation", False))):
+            continue
+        tr = e.time_range
+        spans.append((int(tr.start * 1000), int(tr.end * 1000)))
+    return spans
 
 
 def merged_busy_ns(intervals: Sequence[tuple[int, int]]) -> int:
@@ -222,10 +243,7 @@ class CudaTimer:
                 for i in range(n):
                     calls[i % len(calls)]()
                 self._sync()
-            spans = [(e.start_ns(), e.end_ns()) for e in prof.profiler.kineto_results.events()
-                     if e.device_type() == DeviceType.CUDA and device_activity(e.activity_type(),
-                                                                              e.is_user_annotation())]
-            busy = merged_busy_ns(spans)
+            busy = merged_busy_ns(device_spans(prof, DeviceType.CUDA))
             if busy <= 0:
                 return None  # the profiler saw no device activity (CUPTI unavailable): no figure, never a guess
             per.append(busy / 1e6 / n)

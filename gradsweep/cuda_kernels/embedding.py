@@ -14,6 +14,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.kernel_api import check_embedding, embedding_function, require_fold
 
 TILE: int = 1
 
@@ -61,43 +62,17 @@ def embedding_backward(ids: torch.Tensor, dy: torch.Tensor, rows: RowIdentity, f
     embedding_fold(tokens.to(torch.int64), ids_src, dy_src, fold.main_grad)
 
 
-class _EmbeddingFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, ids, weight, rows, fold):  # type: ignore[override]
-        ctx.save_for_backward(ids)
-        ctx.rows, ctx.fold = rows, fold
-        return embedding_forward(ids, weight)
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        (ids,) = ctx.saved_tensors
-        if ctx.fold is not None:
-            embedding_backward(ids, dy, ctx.rows, ctx.fold)
-        return None, None, None, None
-
-
-def _require_fold(fold: CanonicalFold | None, weight: torch.Tensor) -> None:
-    if fold is None:
-        if weight.requires_grad and torch.is_grad_enabled():
-            raise ValueError("embedding: weight requires grad but fold is None; pass a CanonicalFold "
-                             "(the weight gradient is folded into fold.main_grad, never returned)")
-        return
-    mg = fold.main_grad
-    if mg.device != weight.device or mg.shape != weight.shape or mg.dtype != torch.float32:
-        raise ValueError(f"embedding: fold.main_grad must be an fp32 tensor shaped like the weight "
-                         f"{tuple(weight.shape)} on {weight.device}")
+_EmbeddingFn = embedding_function(embedding_forward, embedding_backward)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor, rows: RowIdentity,
               fold: CanonicalFold | None) -> torch.Tensor:
     """weight[ids] for ids [R] (int64, weight's device); dweight goes into fold.main_grad [V, H]."""
-    if ids.dim() != 1 or weight.dim() != 2:
-        raise ValueError(f"embedding: expected ids [R] and weight [V, H], got {tuple(ids.shape)}, "
-                         f"{tuple(weight.shape)}")
+    check_embedding(ids, weight)
     rt.check_tensor("embedding weight", weight)
     if ids.device != weight.device:
         raise ValueError("embedding: ids must be on the weight's device")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"embedding: ids must be integers, got {ids.dtype}")
-    _require_fold(fold, weight)
+    require_fold(fold, weight, "embedding")
     return _EmbeddingFn.apply(ids, weight, rows, fold)

@@ -19,6 +19,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, FoldStep, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.kernel_api import check_linear, require_fold
 
 TILE = 64  # canonical token tile of the dW fold (a multiple of 16: every call's mma steps stay on the same slots)
 
@@ -109,16 +110,6 @@ def dw_fold_raw(plan: torch.Tensor, x: torch.Tensor, dy: torch.Tensor,
     return main_grad
 
 
-def _check_fold(weight: torch.Tensor, fold: CanonicalFold | None, what: str) -> None:
-    if fold is None and weight.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{what}: the weight requires grad but no CanonicalFold was given; dW is only "
-                         "produced by folding into fold.main_grad (pass a CanonicalFold, or detach "
-                         "the weight)")
-    if fold is not None and fold.main_grad.shape != weight.shape:
-        raise ValueError(f"{what}: fold.main_grad {tuple(fold.main_grad.shape)} != "
-                         f"weight {tuple(weight.shape)}")
-
-
 class DetLinearFn(torch.autograd.Function):
     """y = x @ W^T; backward dX by the invariant GEMM, dW folded into fold.main_grad (grad None)."""
 
@@ -144,11 +135,8 @@ class DetLinearFn(torch.autograd.Function):
 def det_linear(x: torch.Tensor, weight: torch.Tensor, rows: RowIdentity,
                fold: CanonicalFold | None) -> torch.Tensor:
     """Batch-invariant ``x @ weight.T`` (bf16 in/out, fp32 accumulate); dW by the canonical fold."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"det_linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
-    if rows.num_rows != x.shape[0]:
-        raise ValueError(f"det_linear: {rows.num_rows} row identities for {x.shape[0]} rows")
+    check_linear(x, weight, rows)
     rt.check_tensor("det_linear x", x)
     rt.check_tensor("det_linear weight", weight)
-    _check_fold(weight, fold, "det_linear")
+    require_fold(fold, weight, "det_linear")
     return DetLinearFn.apply(x.contiguous(), weight.contiguous(), rows, fold)

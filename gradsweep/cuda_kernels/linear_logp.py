@@ -20,7 +20,8 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
-from gradsweep.cuda_kernels.gemm import TILE, _check_fold, dw_fold_raw, matmul_accumulate
+from gradsweep.cuda_kernels.gemm import TILE, dw_fold_raw, matmul_accumulate
+from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold
 
 __all__ = ["TILE", "linear_logp"]
 # Backward vocabulary chunk: extra memory O(R x BWD_VCHUNK); the bits do not follow it (a multiple of 16).
@@ -32,12 +33,9 @@ def fused_forward(hidden: torch.Tensor, weight: torch.Tensor,
     """(logp fp32 [R], lse fp32 [R]) without materialising logits."""
     r, k = hidden.shape
     v = weight.shape[0]
-    out = torch.empty(r, dtype=torch.float32, device=hidden.device)
-    lse = torch.empty(r, dtype=torch.float32, device=hidden.device)
+    out, lse = logp_outputs(r, v, hidden.device, "linear_logp")
     if r == 0:
         return out, lse
-    if v == 0:
-        raise ValueError("linear_logp: empty vocabulary")
     ext = rt.ext()
     n_chunks = -(-v // int(ext.LLP_VCHUNK))
     part = torch.empty(3 * n_chunks * r, dtype=torch.float32, device=hidden.device)
@@ -102,13 +100,9 @@ class LinearLogpFn(torch.autograd.Function):
 def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: RowIdentity,
                 fold: CanonicalFold | None) -> torch.Tensor:
     """logp[r] = z[r, t_r] - logsumexp_v z[r, v] with z = hidden @ weight^T; fp32 [R], batch-invariant."""
-    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"linear_logp: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)} "
-                         "do not match")
-    if targets.shape != (hidden.shape[0],) or rows.num_rows != hidden.shape[0]:
-        raise ValueError("linear_logp: targets and rows must have one entry per hidden row")
+    check_linear_logp(hidden, weight, targets, rows)
     rt.check_tensor("linear_logp hidden", hidden)
     rt.check_tensor("linear_logp weight", weight)
-    _check_fold(weight, fold, "linear_logp")
+    require_fold(fold, weight, "linear_logp")
     targets = targets.to(device=hidden.device, dtype=torch.int64).contiguous()
     return LinearLogpFn.apply(hidden.contiguous(), weight.contiguous(), targets, rows, fold)

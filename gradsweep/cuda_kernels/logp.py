@@ -13,17 +13,15 @@ from __future__ import annotations
 import torch
 
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.kernel_api import check_selected_logp, logp_outputs, selected_logp_function
 
 
 def logp_forward(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp fp32 [R], lse fp32 [R]); logits [R, V] bf16 with unit column stride."""
     r, v = logits.shape
-    out = torch.empty(r, dtype=torch.float32, device=logits.device)
-    lse = torch.empty(r, dtype=torch.float32, device=logits.device)
+    out, lse = logp_outputs(r, v, logits.device, "selected_logp")
     if r == 0:
         return out, lse
-    if v == 0:
-        raise ValueError("selected_logp: empty vocabulary")
     dev, stream = rt.launch(logits)
     rt.ext().logp_fwd(rt.ptr(logits), rt.ptr(targets), rt.ptr(out), rt.ptr(lse), r, v, logits.stride(0), dev,
                       stream)
@@ -44,26 +42,12 @@ def logp_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor
     return d
 
 
-class SelectedLogpFn(torch.autograd.Function):
-    """logp = logits[r, t] - logsumexp(logits[r]) (fp32); backward dlogits = g (onehot - softmax)."""
-
-    @staticmethod
-    def forward(ctx, logits, targets):  # type: ignore[override]
-        out, lse = logp_forward(logits, targets)
-        ctx.save_for_backward(logits, targets, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        logits, targets, lse = ctx.saved_tensors
-        d = logp_backward(logits, targets, lse, g) if ctx.needs_input_grad[0] else None
-        return d, None
+SelectedLogpFn = selected_logp_function(logp_forward, logp_backward)
 
 
 def selected_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Batch-invariant selected-token log-prob, fp32 [R]; differentiable w.r.t. logits (bf16 [R, V])."""
-    if logits.dim() != 2 or targets.shape != (logits.shape[0],):
-        raise ValueError(f"selected_logp: logits {tuple(logits.shape)}, targets {tuple(targets.shape)}")
+    check_selected_logp(logits, targets)
     rt.check_tensor("selected_logp logits", logits)
     if logits.stride(1) != 1:
         logits = logits.contiguous()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.kernel_api import check_pack, check_unpack, check_unpack_rows, pack_functions, sample_table
 
 
 def _lengths_host(lengths: torch.Tensor, max_len: int) -> list[int]:
@@ -36,11 +37,7 @@ def _launch(src: torch.Tensor, dst: torch.Tensor, lengths: list[int], max_len: i
     n_samples = len(lengths)
     if n_samples == 0 or max_len == 0 or hidden == 0:
         return
-    firsts = [0]
-    for n in lengths[:-1]:
-        firsts.append(firsts[-1] + n)
-    starts = [0] * n_samples if starts is None else starts
-    meta = torch.tensor(lengths + firsts + starts, dtype=torch.int64).to(src.device)  # one small upload
+    meta = sample_table(lengths, starts, src.device)
     dev, stream = rt.launch(src)
     rt.ext().pack_rows(rt.ptr(src), rt.ptr(dst), rt.ptr(meta), n_samples, max_len, hidden, unpack, dev, stream)
 
@@ -59,8 +56,7 @@ def unpack_forward(packed: torch.Tensor, lengths: list[int], max_len: int,
                    starts: list[int] | None = None) -> torch.Tensor:
     """Launcher (no autograd): packed [T, H] -> [B, max_len, H], pad rows zero."""
     total, hidden = packed.shape
-    if sum(lengths) != total:
-        raise ValueError(f"unpack: sum(lengths)={sum(lengths)} but packed has {total} rows")
+    check_unpack_rows(lengths, total)
     packed = packed.to(torch.bfloat16).contiguous()
     out = torch.empty((len(lengths), max_len, hidden), dtype=packed.dtype, device=packed.device)
     if out.numel():
@@ -68,26 +64,7 @@ def unpack_forward(packed: torch.Tensor, lengths: list[int], max_len: int,
     return out
 
 
-class _PackFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, lengths, starts):  # type: ignore[override]
-        ctx.lengths, ctx.max_len, ctx.starts = lengths, x.shape[1], starts
-        return pack_forward(x, lengths, starts)
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        return unpack_forward(dy, ctx.lengths, ctx.max_len, ctx.starts), None, None
-
-
-class _UnpackFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, packed, lengths, max_len, starts):  # type: ignore[override]
-        ctx.lengths, ctx.starts = lengths, starts
-        return unpack_forward(packed, lengths, max_len, starts)
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        return pack_forward(dy, ctx.lengths, ctx.starts), None, None, None
+_PackFn, _UnpackFn = pack_functions(pack_forward, unpack_forward)
 
 
 def pack(x: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,9 +72,7 @@ def pack(x: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None = N
 
     Sample b's rows are slots [starts[b], starts[b] + lengths[b]) (starts default: 0, right padding).
     """
-    if x.dim() != 3 or lengths.shape != (x.shape[0],):
-        raise ValueError(f"pack: expected x [B, L, H] and lengths [B], got {tuple(x.shape)}, "
-                         f"{tuple(lengths.shape)}")
+    check_pack(x, lengths)
     rt.check_tensor("pack x", x)
     lens = _lengths_host(lengths, x.shape[1])
     return _PackFn.apply(x, lens, _starts_host(starts, lens, x.shape[1]))
@@ -106,9 +81,7 @@ def pack(x: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None = N
 def unpack(packed: torch.Tensor, lengths: torch.Tensor, max_len: int,
            starts: torch.Tensor | None = None) -> torch.Tensor:
     """Packed rows [T, H] back to a zero-padded batch [B, max_len, H] (inverse layout of ``pack``)."""
-    if packed.dim() != 2 or lengths.dim() != 1:
-        raise ValueError(f"unpack: expected packed [T, H] and lengths [B], got {tuple(packed.shape)}, "
-                         f"{tuple(lengths.shape)}")
+    check_unpack(packed, lengths)
     rt.check_tensor("unpack packed", packed)
     lens = _lengths_host(lengths, int(max_len))
     return _UnpackFn.apply(packed, lens, int(max_len), _starts_host(starts, lens, int(max_len)))

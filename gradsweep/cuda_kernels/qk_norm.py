@@ -14,6 +14,7 @@ import torch
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
 from gradsweep.cuda_kernels.rms_norm import rms_norm_dx, rms_norm_forward
+from gradsweep.kernel_api import check_qk_norm, require_fold
 
 TILE: int = 32
 
@@ -84,29 +85,13 @@ class _QKNormFn(torch.autograd.Function):
         return dx, None, None, None, None
 
 
-def _require_fold(fold: CanonicalFold | None, weight: torch.Tensor) -> None:
-    if fold is None:
-        if weight.requires_grad and torch.is_grad_enabled():
-            raise ValueError("qk_norm: weight requires grad but fold is None; pass a CanonicalFold "
-                             "(the weight gradient is folded into fold.main_grad, never returned)")
-        return
-    mg = fold.main_grad
-    if mg.dtype != torch.float32 or not mg.is_contiguous() or mg.numel() != weight.numel():
-        raise ValueError(f"qk_norm: fold.main_grad must be a contiguous float32 tensor of "
-                         f"{weight.numel()} elements, got {mg.dtype} {tuple(mg.shape)} on {mg.device}")
-    if mg.device != weight.device:
-        raise ValueError(f"qk_norm: fold.main_grad is on {mg.device}, the weight on {weight.device}")
-
-
 def qk_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentity,
             fold: CanonicalFold | None) -> torch.Tensor:
     """Per-head RMSNorm of x [R, heads, head_dim]; dweight goes into fold.main_grad (returned grad None)."""
-    if x.dim() != 3 or weight.shape != (x.shape[2],):
-        raise ValueError(f"qk_norm: expected x [R, heads, head_dim] and weight [head_dim], got "
-                         f"{tuple(x.shape)}, {tuple(weight.shape)}")
+    check_qk_norm(x, weight)
     rt.check_tensor("qk_norm x", x)
     rt.check_tensor("qk_norm weight", weight)
     if weight.device != x.device:
         raise ValueError(f"qk_norm: x on {x.device}, weight on {weight.device}")
-    _require_fold(fold, weight)
+    require_fold(fold, weight, "qk_norm")
     return _QKNormFn.apply(x.contiguous(), weight.contiguous(), float(eps), rows, fold)

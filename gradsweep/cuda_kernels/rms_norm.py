@@ -13,6 +13,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.kernel_api import check_rms_norm, require_fold
 
 TILE: int = 64
 
@@ -75,32 +76,15 @@ class _RMSNormFn(torch.autograd.Function):
         return dx, None, None, None, None
 
 
-def _check_fold(fold: CanonicalFold | None, weight: torch.Tensor, rows: RowIdentity | None,
-                n_rows: int) -> None:
-    if fold is None:
-        if weight.requires_grad and torch.is_grad_enabled():
-            raise ValueError("rms_norm: weight requires grad but fold is None; pass a CanonicalFold "
-                             "(the weight gradient is folded into fold.main_grad, never returned)")
-        return
-    mg = fold.main_grad
-    if not mg.is_cuda or mg.dtype != torch.float32 or not mg.is_contiguous() or mg.numel() != weight.numel():
-        raise ValueError(f"rms_norm: fold.main_grad must be a contiguous CUDA float32 tensor of "
-                         f"{weight.numel()} elements, got {mg.dtype} {tuple(mg.shape)} on {mg.device}")
-    if mg.device != weight.device:
-        raise ValueError(f"rms_norm: fold.main_grad is on {mg.device}, the weight on {weight.device}")
-    if rows is None or rows.num_rows != n_rows:
-        raise ValueError("rms_norm: rows must give the logical identity of every row of x")
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentity | None,
              fold: CanonicalFold | None) -> torch.Tensor:
     """RMSNorm of x [R, H] (bf16, CUDA); differentiable in x; dweight goes to fold.main_grad (grad None)."""
-    if x.dim() != 2 or weight.dim() != 1 or weight.shape[0] != x.shape[1]:
-        raise ValueError(f"rms_norm: expected x [R, H] and weight [H], got {tuple(x.shape)}, "
-                         f"{tuple(weight.shape)}")
+    check_rms_norm(x, weight)
     rt.check_tensor("rms_norm x", x)
     rt.check_tensor("rms_norm weight", weight)
     if weight.device != x.device:
         raise ValueError(f"rms_norm: x on {x.device}, weight on {weight.device}")
-    _check_fold(fold, weight, rows, x.shape[0])
+    require_fold(fold, weight, "rms_norm")
+    if fold is not None and (rows is None or rows.num_rows != x.shape[0]):
+        raise ValueError("rms_norm: rows must give the logical identity of every row of x")
     return _RMSNormFn.apply(x.contiguous(), weight.contiguous(), float(eps), rows, fold)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.kernel_api import rope_function
 
 
 def rope_apply(x: torch.Tensor, positions: torch.Tensor, theta: float, inverse: bool) -> torch.Tensor:
@@ -23,18 +24,7 @@ def rope_apply(x: torch.Tensor, positions: torch.Tensor, theta: float, inverse: 
     return y
 
 
-class _RopeFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, positions, theta):  # type: ignore[override]
-        ctx.save_for_backward(positions)
-        ctx.theta = theta
-        return rope_apply(x, positions, theta, inverse=False)
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        (positions,) = ctx.saved_tensors
-        dx = rope_apply(dy.to(torch.bfloat16).contiguous(), positions, ctx.theta, inverse=True)
-        return dx, None, None
+_RopeFn = rope_function(rope_apply, grad_dtype=torch.bfloat16)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradsweep.sweep.check import raw_profile_env
-from gradsweep.sweep.errors import BadInput
+from gradsweep.env_policy import raw_profile_env
+from gradsweep.errors import BadInput
 
 
 @dataclass
@@ -114,3 +114,15 @@ def run_request(req: DriftRequest, say: Callable[[str], None] = lambda s: None) 
     report = run_drift_plan(plan, say)
     written = write_outputs(report, req.out, req.key, sign=True, say=say) if req.out is not None else {}
     return report, written
+
+
+def run_and_render(req: DriftRequest, as_json: bool, say: Callable[[str], None] = lambda s: None
+                   ) -> tuple[dict, str, int]:
+    """``gradsweep drift``: (report, text to print, exit code); BadInput for bad options."""
+    from gradsweep.drift.outputs import table_text
+    from gradsweep.drift.report import to_json
+
+    report, written = run_request(req, say)
+    for kind, path in written.items():
+        say(f"wrote {kind}: {path}")
+    return report, to_json(report) if as_json else table_text(report), exit_code(report)

@@ -63,13 +63,12 @@ class ProfileState:
 def profile_state(manifest: Manifest, name: str) -> ProfileState:
     """Requirements, device and chain kernels of one profile (a missing one is a reason, never a fallback).
 
-    ``deterministic_logp`` is read tolerantly (``getattr``): the profile advertises same-backend, same-build
-    deterministic logp only where its manifest entry says so.
+    The profile advertises same-backend, same-build deterministic logp only where its manifest entry says so.
     """
     from gradsweep.harness.hardware import check_requirements, resolve_device
 
     prof = manifest.profiles[name]
-    advertised = bool(getattr(prof, "deterministic_logp", False))
+    advertised = prof.deterministic_logp
     blocked = check_requirements(list(prof.requires))
     if blocked is not None:
         return ProfileState(name, prof.family, None, f"cannot run on this box: {blocked[1]}",

@@ -8,7 +8,7 @@ warnings so such evidence is never mistaken for a harness verdict.
 from __future__ import annotations
 
 from gradsweep.evidence.predicate import Predicate
-from gradsweep.sweep.resolve import STOCK_CELL_FNS, STOCK_LOADERS
+from gradsweep.resolve import STOCK_CELL_FNS, STOCK_LOADERS
 
 
 def custom_code_warnings(pred: Predicate) -> list[str]:

@@ -88,8 +88,9 @@ def decode_statement(payload: bytes) -> dict[str, Any]:
     return statement
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same directory and os.replace: readers never see half a file."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write via a temporary file in the same directory and os.replace: readers never see half a file, and the
+    file has ``mode`` whatever was there before (an existing file would keep its mode if truncated in place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -97,7 +98,7 @@ def write_atomic(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # evidence is public; mkstemp's 0600 is not what a release needs
+        os.chmod(tmp, mode)  # evidence is public (0644, not mkstemp's 0600); a private key passes 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

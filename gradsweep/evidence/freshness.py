@@ -15,9 +15,9 @@ from pathlib import Path
 
 from gradsweep.evidence.extension import extension_digest
 from gradsweep.evidence.paths import is_external, resolve_recorded
-from gradsweep.evidence.predicate import Predicate
+from gradsweep.evidence.predicate import ExtensionRef, Predicate, SourceRef
 from gradsweep.evidence.source_digest import file_sha256, tree_digest
-from gradsweep.sweep.tracked import TRACKED_FILE_NAME
+from gradsweep.tracked_reds import TRACKED_FILE_NAME
 
 SAME = "same"
 DIFFERS = "differs"
@@ -44,14 +44,17 @@ class InputCheck:
         return f"{self.name} {self.state}: {self.detail}" if self.detail else f"{self.name} {self.state}"
 
 
-def _file_check(name: str, recorded_path: str | None, recorded_sha: str | None, root: Path) -> InputCheck:
+def file_check(name: str, recorded_path: str | None, recorded_sha: str | None, root: Path,
+               run: str = "sweep") -> InputCheck:
+    """A recorded input file (repository-relative path and digest) against the checkout at ``root``; ``run`` names
+    what produced the evidence (sweep, bench) in the advice."""
     if recorded_path is None and recorded_sha is None:
         return InputCheck(name, NOT_COMPARED, "the run used none")
     if recorded_sha is None:
-        return InputCheck(name, NOT_RECORDED, f"the evidence has no digest of {recorded_path}; rerun the sweep")
+        return InputCheck(name, NOT_RECORDED, f"the evidence has no digest of {recorded_path}; rerun the {run}")
     if recorded_path is None or is_external(recorded_path):
         return InputCheck(name, NOT_COMPARED, f"{recorded_path or 'file'} was outside the repository when the "
-                                              "sweep ran")
+                                              f"{run} ran")
     current = resolve_recorded(recorded_path, root)
     if current is None or not current.is_file():
         return InputCheck(name, MISSING, f"{recorded_path} is not in this checkout")
@@ -61,18 +64,19 @@ def _file_check(name: str, recorded_path: str | None, recorded_sha: str | None, 
     return InputCheck(name, SAME, recorded_path)
 
 
-def _source_check(pred: Predicate, root: Path) -> InputCheck:
-    current = tree_digest(root, tuple(pred.source.roots)).sha256
-    roots = "+".join(pred.source.roots)
-    if current != pred.source.sha256:
+def source_check(source: SourceRef, root: Path) -> InputCheck:
+    """The recorded source-tree digest against the checkout at ``root``."""
+    current = tree_digest(root, tuple(source.roots)).sha256
+    roots = "+".join(source.roots)
+    if current != source.sha256:
         return InputCheck("source tree", DIFFERS, f"{roots} is {current[:16]}, the evidence is for "
-                                                   f"{pred.source.sha256[:16]}")
+                                                   f"{source.sha256[:16]}")
     return InputCheck("source tree", SAME, f"{roots} {current[:16]}")
 
 
-def _extension_check(pred: Predicate, root: Path) -> InputCheck:
+def extension_check(rec: ExtensionRef | None, root: Path) -> InputCheck:
+    """The recorded CUDA extension build against this checkout's (compared only when one is built here)."""
     here = extension_digest(root)
-    rec = pred.extension
     if here is None:
         if rec is None:
             return InputCheck(EXTENSION, NOT_COMPARED, "not built for the run, not built here")
@@ -97,21 +101,21 @@ def _tracked_check(pred: Predicate, root: Path) -> InputCheck:
         if beside is not None and beside.is_file():
             rel = beside.relative_to(root).as_posix()
             return InputCheck("tracked reds", DIFFERS, f"{rel} exists now; the run had no tracked-reds file")
-    return _file_check("tracked reds", pred.tracked_file, pred.tracked_sha256, root)
+    return file_check("tracked reds", pred.tracked_file, pred.tracked_sha256, root)
 
 
 def check_inputs(pred: Predicate, root: Path) -> list[InputCheck]:
     """Compare every recorded input of ``pred`` with the checkout at ``root``."""
-    checks = [_source_check(pred, root),
-              _file_check("manifest", pred.manifest.path, pred.manifest.sha256, root)]
+    checks = [source_check(pred.source, root),
+              file_check("manifest", pred.manifest.path, pred.manifest.sha256, root)]
     if pred.schema_version < 2:
         old = "evidence format 1 records no digest of it; rerun the sweep"
         checks += [InputCheck("contract", NOT_RECORDED, old), InputCheck("tracked reds", NOT_RECORDED, old),
                    InputCheck(EXTENSION, NOT_RECORDED, old)]
         return checks
-    checks.append(_file_check("contract", pred.contract.path, pred.contract.sha256, root))
+    checks.append(file_check("contract", pred.contract.path, pred.contract.sha256, root))
     checks.append(_tracked_check(pred, root))
-    checks.append(_extension_check(pred, root))
+    checks.append(extension_check(pred.extension, root))
     return checks
 
 

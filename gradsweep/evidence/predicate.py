@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gradsweep.evidence.provenance import Provenance
 from gradsweep.results import CellResult
-from gradsweep.sweep.tracked import TrackedEntry
+from gradsweep.tracked_reds import TrackedEntry
 
 PREDICATE_TYPE = "https://gradsweep.dev/closeout/v1"
 

@@ -9,7 +9,6 @@ a path inside a repository unless forced.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,8 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 from securesystemslib.signer import CryptoSigner, SSlibKey
+
+from gradsweep.evidence.envelope import write_atomic
 
 KEY_ENV = "GRADSWEEP_KEY"
 
@@ -52,22 +53,6 @@ def public_path_for(private_path: Path) -> Path:
     return private_path.with_name(stem + ".pub.pem")
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write through a 0600 temporary file and rename it over ``path``: the key is 0600 whatever was
-    there before (an existing 0644 file keeps its mode when truncated in place)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_keypair(path: Path, overwrite: bool = False) -> CryptoSigner:
     """Generate an Ed25519 keypair: private key at ``path`` (mode 0600), public key beside it."""
     if path.is_dir():
@@ -78,7 +63,7 @@ def write_keypair(path: Path, overwrite: bool = False) -> CryptoSigner:
     public = private.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_private(path, private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+        write_atomic(path, private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()), mode=0o600)
         public_path_for(path).write_bytes(public)
     except OSError as exc:
         raise KeyFileError(f"key {path}: cannot write ({exc.strerror}); choose a writable location") from None

@@ -15,11 +15,7 @@ from securesystemslib.exceptions import VerificationError
 from gradsweep.evidence.envelope import EnvelopeError, decode_statement, open_envelope
 from gradsweep.evidence.freshness import InputCheck, check_inputs
 from gradsweep.evidence.predicate import Predicate
-from gradsweep.evidence.result_statement import (
-    ResultStatementError,
-    check_result_statement,
-    result_statement_path,
-)
+from gradsweep.evidence.result_statement import ResultStatementError, check_result_statement, result_statement_path
 from gradsweep.evidence.source_digest import repo_root
 from gradsweep.evidence.statement import StatementError, parse_statement
 from gradsweep.evidence.trust import Signer
@@ -31,11 +27,11 @@ class EvidenceError(ValueError):
 
 @dataclass(frozen=True)
 class VerifyReport:
-    predicate: Predicate | Any  # a closeout Predicate, or gradsweep.bench's BenchPredicate (``kind`` says which)
+    predicate: Predicate | Any  # a closeout Predicate, or another kind's predicate (``kind`` says which)
     signers: list[Signer]
     checks: list[InputCheck] = field(default_factory=list)
     result_statement: str | None = None  # "PASSED"/"WARNED"/"FAILED" when a test-result file was checked
-    kind: str = "closeout"  # "closeout" (sweep, merge) or "bench"
+    kind: str = "closeout"  # "closeout" (sweep, merge), or another kind's verifier's name ("bench")
 
 
 def _read(path: Path) -> bytes:
@@ -96,12 +92,17 @@ def check_signature_bytes(data: bytes, trusted: list[Signer], path: Path | str =
         predicate = parse_statement(decode_statement(payload))
     except (EnvelopeError, StatementError) as exc:
         raise EvidenceError(f"evidence {path}: signed, but {exc}") from None
-    allowed = [s for s in signers if s.may_sign(predicate.manifest.name)]
+    return predicate, allowed_signers(signers, predicate.manifest.name, path)
+
+
+def allowed_signers(signers: list[Signer], manifest: str, path: Path | str) -> list[Signer]:
+    """The verified signers the trust file allows to sign ``manifest``'s evidence; EvidenceError when none is."""
+    allowed = [s for s in signers if s.may_sign(manifest)]
     if not allowed:
         names = ", ".join(f"{s.name} (may sign: {', '.join(s.manifests or ())})" for s in signers)
         raise EvidenceError(f"evidence {path}: signed by {names}, which the trust file does not allow to sign "
-                            f"manifest {predicate.manifest.name!r}")
-    return predicate, allowed
+                            f"manifest {manifest!r}")
+    return allowed
 
 
 def check_result_file(evidence: Path, pred: Predicate, trusted: list[Signer]) -> str | None:
@@ -119,13 +120,8 @@ def check_result_file(evidence: Path, pred: Predicate, trusted: list[Signer]) ->
 
 
 def verify_evidence(path: Path, trusted: list[Signer], tree: Path | None = None) -> VerifyReport:
-    """Signature first (raises EvidenceError), then every verdict input against the checkout at ``tree``."""
-    from gradsweep.bench.evidence import bench_inputs, check_bench_signature, is_bench_evidence
-
-    if is_bench_evidence(path):
-        bench, who = check_bench_signature(path, trusted)
-        return VerifyReport(predicate=bench, signers=who, checks=bench_inputs(bench, (tree or repo_root()).resolve(),
-                                                                              path), kind="bench")
+    """Closeout evidence: signature first (raises EvidenceError), then every verdict input against the checkout
+    at ``tree``. Bench evidence has its own verifier (``gradsweep.bench.evidence.verify_bench``)."""
     predicate, signers = check_signature(path, trusted)
     result = check_result_file(path, predicate, trusted)
     checks = check_inputs(predicate, (tree or repo_root()).resolve())

@@ -7,12 +7,14 @@ computes each once.
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
 import torch
 
 from gradsweep.contract import load_contract
+from gradsweep.harness.execute import forget_drawn
 from gradsweep.harness.hardware import check_requirements, resolve_device
 from gradsweep.harness.judge import judge, op_baselines, reference_run
 from gradsweep.layouts import REFERENCE_LAYOUT, build_calls
@@ -37,7 +39,9 @@ def _focus(ident: tuple) -> None:
     if _CACHE_OP != [ident]:
         for key in [k for k in _CACHE if k[0] in ("run", "base")]:
             del _CACHE[key]
+        forget_drawn()
         _CACHE_OP[:] = [ident]
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

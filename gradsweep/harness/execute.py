@@ -66,6 +66,12 @@ def make_params(op: OpSpec, shape: Shape, workload: Workload, device: torch.devi
 _LOGICAL: dict[tuple, tuple[dict[str, torch.Tensor], list[torch.Tensor]]] = {}
 
 
+def forget_drawn() -> None:
+    """Drop the drawn parameter and logical-token tables (a worker moving to the next op gives their memory back)."""
+    _PARAMS.clear()
+    _LOGICAL.clear()
+
+
 def _logical_data(op: OpSpec, shape: Shape, workload: Workload, device: torch.device
                   ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
     """Every logical token's inputs (bf16 / ids) and upstream gradients (declared dtype), drawn once.

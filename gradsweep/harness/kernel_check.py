@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from gradsweep.contract import Contract, load_contract
+from gradsweep.families import FAMILIES
 from gradsweep.harness.judge import OpBaselines, Verdict, judge, op_baselines, reference_run
 from gradsweep.layouts import REFERENCE_LAYOUT, build_calls
 from gradsweep.manifest import DEFAULT_MANIFEST, LayoutSpec, Manifest, load_manifest
@@ -134,8 +135,8 @@ def candidate_from(op: str | OpSpec, impl_id: str, family: str, run: Callable[[C
     parameter gradients itself, ``folded_input_grads`` for one that folds input gradients across calls.
     """
     spec = op if isinstance(op, OpSpec) else get_op(op)
-    if family not in ("torch", "triton", "cuda"):
-        raise ValueError(f"family must be torch, triton or cuda, got {family!r}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     if impl_id in spec.candidates:
         raise ValueError(f"{impl_id!r} is already a candidate of {spec.name}; pick another id")
     return Candidate(impl_id, family, run, **kwargs)  # type: ignore[arg-type]

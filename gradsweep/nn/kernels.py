@@ -8,16 +8,16 @@ the first import) and never falls back to another family: a missing module is a 
 from __future__ import annotations
 
 import inspect
-from importlib import import_module
 from types import ModuleType
 
 import numpy as np
 import torch
 
+from gradsweep import families
 from gradsweep.canonical import RowIdentity
+from gradsweep.families import KERNEL_FAMILIES
 
-KERNEL_FAMILIES = ("triton", "cuda")
-_PACKAGES = {"triton": "gradsweep.triton_kernels", "cuda": "gradsweep.cuda_kernels"}
+__all__ = ["KERNEL_FAMILIES", "MODULE_OF", "AttentionCall", "fold_tile", "kernel_module", "new_attention_cache"]
 # module holding each op's kernel (the GEMM's public function lives in ``gemm``)
 MODULE_OF = {"embedding": "embedding", "rms_norm": "rms_norm", "qk_norm": "qk_norm", "linear": "gemm",
              "rope": "rope", "swiglu": "swiglu", "linear_logp": "linear_logp", "attention": "attention"}
@@ -25,12 +25,10 @@ MODULE_OF = {"embedding": "embedding", "rms_norm": "rms_norm", "qk_norm": "qk_no
 
 def kernel_module(family: str, op: str) -> ModuleType:
     """The family's kernel module of ``op`` (never another family's)."""
-    if family not in _PACKAGES:
-        raise ValueError(f"family {family!r}: use one of {', '.join(KERNEL_FAMILIES)} (or 'torch' for stock ops)")
-    name = f"{_PACKAGES[family]}.{MODULE_OF[op]}"
     try:
-        return import_module(name)
+        return families.kernel_module(family, MODULE_OF[op])
     except ModuleNotFoundError as exc:
+        name = f"gradsweep.{families.KERNEL_PACKAGES[family]}.{MODULE_OF[op]}"  # type: ignore[index]
         if exc.name != name:
             raise
         raise ModuleNotFoundError(f"the {family} family has no {op} kernel ({name} does not exist yet); "

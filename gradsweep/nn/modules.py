@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from gradsweep.nn import ops
 from gradsweep.nn.context import ChainContext
 from gradsweep.nn.kernels import KERNEL_FAMILIES
+from gradsweep.stock import sdpa as stock_sdpa
 
 FAMILIES = ("torch", *KERNEL_FAMILIES)
 
@@ -204,11 +205,11 @@ class Attention(_Module):
             cache[s] = (keys, vals)
             qs, ks, vs = (t.transpose(0, 1)[None] for t in (q[dev_idx], keys, vals))
             if past_k.shape[0] == 0:
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+                o = stock_sdpa(qs, ks, vs, is_causal=True, enable_gqa=True)
             else:
                 key_pos = torch.arange(keys.shape[0], device=q.device)
                 mask = key_pos[None, :] <= pos[:, None]
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+                o = stock_sdpa(qs, ks, vs, attn_mask=mask, enable_gqa=True)
             out = out.index_put((dev_idx,), o[0].transpose(0, 1))
         return out
 

@@ -8,14 +8,16 @@ one call receive gradient from later calls: the backward spans the whole layout.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
-import torch.nn.functional as F
 from pydantic import PositiveInt, model_validator
 
 from gradsweep.ops.base import (
     CallContext,
     CallOutput,
     Candidate,
+    Family,
     HeadsShape,
     OpSpec,
     OutputSpec,
@@ -24,6 +26,7 @@ from gradsweep.ops.base import (
     head_feature,
     kernel_module,
 )
+from gradsweep.stock import sdpa as stock_sdpa
 
 
 class AttentionShape(HeadsShape):
@@ -97,12 +100,12 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torc
     n, total = q.shape[0], k.shape[0]
     qb, kb, vb = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     if start == 0:
-        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=True)
+        o = stock_sdpa(qb, kb, vb, is_causal=True, enable_gqa=True)
     elif n == 1:  # one new token sees every key so far
-        o = F.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True)
+        o = stock_sdpa(qb, kb, vb, enable_gqa=True)
     else:  # queries at the end of the keys: causal aligned to the bottom right
         mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=total - n)
-        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, enable_gqa=True)
+        o = stock_sdpa(qb, kb, vb, attn_mask=mask, enable_gqa=True)
     return o.squeeze(0).transpose(0, 1)
 
 
@@ -175,9 +178,10 @@ def _stock(ctx: CallContext) -> CallOutput:
 
 
 # ------------------------------------------------------------------------------------------------ kernels
-def _kernel(ctx: CallContext) -> CallOutput:
-    """The Triton kernel keeps a logical K/V store and folds dK/dV over canonical query tiles across calls."""
-    mod = kernel_module("triton", "attention")
+def _kernel(ctx: CallContext, family: Family = "triton") -> CallOutput:
+    """A family's kernel (Triton, or CUDA C++ with the same API) keeps a logical K/V store and folds dK/dV over
+    canonical query tiles across calls."""
+    mod = kernel_module(family, "attention")
     q, k = ctx.inputs["q"], ctx.inputs["k"]
     cache = ctx.state.get("cache")
     if cache is None:
@@ -202,6 +206,8 @@ OP = OpSpec(
     reference=_reference,
     stock=_stock,
     candidates={"triton.attention": Candidate("triton.attention", "triton", _kernel,
-                                              folded_input_grads=_kernel_grads)},
+                                              folded_input_grads=_kernel_grads),
+                "cuda.attention": Candidate("cuda.attention", "cuda", partial(_kernel, family="cuda"),
+                                            folded_input_grads=_kernel_grads)},
     backward_scope="layout",
 )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import import_module
 from types import ModuleType
 from typing import Any, Literal
 
@@ -15,10 +14,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.families import STOCK_FAMILY, Family, impl_id, kernel_families, kernel_module
 from gradsweep.layouts import LAYOUT_NAMES, Call
 
 Shape = dict[str, Any]
-Family = Literal["torch", "triton", "cuda"]
 ROW_LAYOUTS: tuple[str, ...] = LAYOUT_NAMES
 
 
@@ -128,7 +127,6 @@ class Candidate:
     run: Callable[[CallContext], CallOutput]
     param_grads: Literal["autograd", "fold"] = "autograd"
     fold_tiles: Callable[[], dict[str, int]] = field(default=lambda: {})
-    requires: tuple[str, ...] = ()
     # Input gradients a kernel folds across calls itself (attention's dK/dV over queries): after the
     # layout's backward, ``folded_input_grads(state)`` returns them in logical token order by name.
     folded_input_grads: Callable[[dict[str, Any]], dict[str, torch.Tensor]] | None = None
@@ -156,9 +154,9 @@ class OpSpec:
     backward_scope: Literal["call", "layout"] = "call"
 
     def __post_init__(self) -> None:
-        stock_id = f"torch.{self.name}"
+        stock_id = impl_id(STOCK_FAMILY, self.name)
         if stock_id not in self.candidates:  # the status-quo candidate always exists and is the stock path
-            self.candidates[stock_id] = Candidate(stock_id, "torch", self.stock)
+            self.candidates[stock_id] = Candidate(stock_id, STOCK_FAMILY, self.stock)
         elif self.candidates[stock_id].run is not self.stock:
             raise ValueError(f"op {self.name}: candidate {stock_id} must be the op's declared stock path")
 
@@ -169,33 +167,24 @@ class OpSpec:
         return next(o for o in self.outputs if o.name == name)
 
 
-def kernel_module(family: Family, name: str) -> ModuleType:
-    """Import a kernel module of a family lazily (inside the worker, after its env is set)."""
-    package = {"triton": "gradsweep.triton_kernels", "cuda": "gradsweep.cuda_kernels"}[family]
-    return import_module(f"{package}.{name}")
-
-
 def kernel_candidates(op: str, module: str, run: Callable[[ModuleType, CallContext], CallOutput],
-                      families: tuple[Family, ...] = ("triton", "cuda"),
                       fold_params: tuple[str, ...] = ()) -> dict[str, Candidate]:
-    """The same adapter for each kernel family's module of an op (their APIs are identical)."""
+    """``<family>.<op>`` for every kernel family that ships ``module`` (their APIs are identical).
+
+    The families follow from the files (``gradsweep.families.kernel_families``): adding a family's kernel
+    module declares its candidate; nothing is imported until a candidate runs.
+    """
     out = {}
-    for fam in families:
+    for fam in kernel_families(module):
         def _run(ctx: CallContext, _fam: Family = fam) -> CallOutput:
             return run(kernel_module(_fam, module), ctx)
 
         def _tiles(_fam: Family = fam) -> dict[str, int]:
             return {p: int(kernel_module(_fam, module).TILE) for p in fold_params}
 
-        out[f"{fam}.{op}"] = Candidate(f"{fam}.{op}", fam, _run,
-                                       param_grads="fold" if fold_params else "autograd",
-                                       fold_tiles=_tiles)
+        out[impl_id(fam, op)] = Candidate(impl_id(fam, op), fam, _run,
+                                          param_grads="fold" if fold_params else "autograd", fold_tiles=_tiles)
     return out
-
-
-def torch_candidate(op: str, run: Callable[[CallContext], CallOutput]) -> dict[str, Candidate]:
-    """The stock-PyTorch candidate of an op (the status quo, allowed to be red); ``run`` is ``OpSpec.stock``."""
-    return {f"torch.{op}": Candidate(f"torch.{op}", "torch", run)}
 
 
 def positions_on(ctx: CallContext, device: torch.device) -> torch.Tensor:

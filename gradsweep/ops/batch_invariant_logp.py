@@ -56,15 +56,16 @@ def _cuda_chain(ctx: CallContext) -> CallOutput:
                                                         ctx.rows, ctx.fold("W"))})
 
 
-OP = OpSpec(
-    name="batch_invariant_logp",
-    description="lm_head GEMM then selected-token logp (logits materialised); gradients dhidden, dW",
-    shape_model=LinearLogpShape,
-    inputs=INPUTS,
-    params=PARAMS,
-    outputs=OUTPUTS,
-    reference=linear_logp_reference,
-    stock=stock_linear_logp,
+def logp_of_hidden_op(name: str, description: str, candidates: dict[str, Candidate]) -> OpSpec:
+    """An op computing logp from hidden states and the lm_head weight (this op and linear_logp): one declaration
+    of its inputs, parameter, output, FP64 reference and stock path."""
+    return OpSpec(name=name, description=description, shape_model=LinearLogpShape, inputs=INPUTS, params=PARAMS,
+                  outputs=OUTPUTS, reference=linear_logp_reference, stock=stock_linear_logp, candidates=candidates)
+
+
+OP = logp_of_hidden_op(
+    "batch_invariant_logp",
+    "lm_head GEMM then selected-token logp (logits materialised); gradients dhidden, dW",
     candidates={"triton.batch_invariant_logp": Candidate(
                     "triton.batch_invariant_logp", "triton", _triton_chain, param_grads="fold",
                     fold_tiles=lambda: {"W": int(kernel_module("triton", "gemm").TILE)}),

@@ -5,15 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import (
-    CallContext,
-    CallOutput,
-    OpSpec,
-    OutputSpec,
-    ParamSpec,
-    TokenInput,
-    kernel_candidates,
-)
+from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, ParamSpec, TokenInput, kernel_candidates
 
 
 class GemmShape(BaseModel):
@@ -44,7 +36,7 @@ def linear_op(name: str, description: str, shape_model: type[BaseModel], x: str,
         outputs=(OutputSpec(y, lambda s: (s[y_dim],)),),
         reference=reference,
         stock=stock,
-        candidates={**kernel_candidates(name, module, kernel, families=("triton", "cuda"), fold_params=("W",))},
+        candidates={**kernel_candidates(name, module, kernel, fold_params=("W",))},
     )
 
 

@@ -5,15 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import (
-    CallContext,
-    CallOutput,
-    OpSpec,
-    OutputSpec,
-    ParamSpec,
-    TokenInput,
-    kernel_candidates,
-)
+from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, ParamSpec, TokenInput, kernel_candidates
 
 
 class EmbeddingShape(BaseModel):
@@ -44,6 +36,5 @@ OP = OpSpec(
     outputs=(OutputSpec("y", lambda s: (s["hidden"],)),),
     reference=_reference,
     stock=_stock,
-    candidates={**kernel_candidates("embedding", "embedding", _kernel, families=("triton", "cuda"),
-                                    fold_params=("weight",))},
+    candidates={**kernel_candidates("embedding", "embedding", _kernel, fold_params=("weight",))},
 )

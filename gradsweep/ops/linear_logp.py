@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-from gradsweep.ops.base import CallContext, CallOutput, OpSpec, kernel_candidates
-from gradsweep.ops.batch_invariant_logp import (
-    INPUTS,
-    OUTPUTS,
-    PARAMS,
-    LinearLogpShape,
-    linear_logp_reference,
-    stock_linear_logp,
-)
+from gradsweep.ops.base import CallContext, CallOutput, kernel_candidates
+from gradsweep.ops.batch_invariant_logp import logp_of_hidden_op
 
 
 def _kernel(mod, ctx: CallContext) -> CallOutput:
@@ -18,15 +11,7 @@ def _kernel(mod, ctx: CallContext) -> CallOutput:
                                                ctx.rows, ctx.fold("W"))})
 
 
-OP = OpSpec(
-    name="linear_logp",
-    description="fused lm_head + logp (online log-sum-exp over vocab blocks); gradients dhidden, dW",
-    shape_model=LinearLogpShape,
-    inputs=INPUTS,
-    params=PARAMS,
-    outputs=OUTPUTS,
-    reference=linear_logp_reference,
-    stock=stock_linear_logp,
-    candidates={**kernel_candidates("linear_logp", "linear_logp", _kernel, families=("triton", "cuda"),
-                                    fold_params=("W",))},
+OP = logp_of_hidden_op(
+    "linear_logp", "fused lm_head + logp (online log-sum-exp over vocab blocks); gradients dhidden, dW",
+    candidates={**kernel_candidates("linear_logp", "linear_logp", _kernel, fold_params=("W",))},
 )

@@ -5,14 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import (
-    CallContext,
-    CallOutput,
-    OpSpec,
-    OutputSpec,
-    TokenInput,
-    kernel_candidates,
-)
+from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, TokenInput, kernel_candidates
 
 
 class LogpShape(BaseModel):
@@ -51,5 +44,5 @@ OP = OpSpec(
     outputs=(OutputSpec("logp", lambda s: (), dtype=torch.float32),),
     reference=_reference,
     stock=_stock,
-    candidates={**kernel_candidates("logp", "logp", _kernel, families=("triton", "cuda"))},
+    candidates={**kernel_candidates("logp", "logp", _kernel)},
 )

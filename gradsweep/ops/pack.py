@@ -6,14 +6,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from gradsweep.canonical import RowIdentity
-from gradsweep.ops.base import (
-    CallContext,
-    CallOutput,
-    OpSpec,
-    OutputSpec,
-    TokenInput,
-    kernel_candidates,
-)
+from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, TokenInput, kernel_candidates
 from gradsweep.workload import PAD
 
 
@@ -64,7 +57,7 @@ OP = OpSpec(
     outputs=(OutputSpec("packed", lambda s: (s["hidden"],)),),
     reference=_reference,
     stock=_stock,
-    candidates={**kernel_candidates("pack", "pack", _kernel, families=("triton", "cuda"))},
+    candidates={**kernel_candidates("pack", "pack", _kernel)},
     # Every call of pack is a padded batch, so bn_full already IS a right-padded batch: bn_padded_right
     # would hand the kernel the reference's own calls (a tautological cell). Left padding differs.
     layouts=("bn_full", "bn_chunked", "b1_singleton", "bn_padded_left", "bn_permuted", "bn_mask_density",

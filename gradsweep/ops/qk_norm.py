@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from pydantic import Field
 
 from gradsweep.ops.base import (
@@ -16,22 +15,13 @@ from gradsweep.ops.base import (
     head_feature,
     kernel_candidates,
 )
-from gradsweep.ops.rms_norm import rms_reference
+from gradsweep.ops.rms_norm import norm_reference, stock_norm
 
 
 class QkNormShape(HeadsShape):
     """heads x head_dim (hidden, if given, must be their product) and the norm's eps."""
 
     eps: float = Field(1e-6, gt=0)
-
-
-def _reference(inputs, params, shape, rows):
-    return {"y": rms_reference(inputs["x"], params["weight"], shape["eps"])}
-
-
-def _stock(ctx: CallContext) -> CallOutput:
-    x, w = ctx.inputs["x"], ctx.params["weight"]
-    return CallOutput({"y": F.rms_norm(x, (x.shape[-1],), w, ctx.shape["eps"])})
 
 
 def _kernel(mod, ctx: CallContext) -> CallOutput:
@@ -46,8 +36,7 @@ OP = OpSpec(
     inputs=(TokenInput("x", head_feature, grad="dx"),),
     params=(ParamSpec("weight", lambda s: (s["head_dim"],), grad="dweight", scale=lambda s: 0.1, offset=1.0),),
     outputs=(OutputSpec("y", head_feature),),
-    reference=_reference,
-    stock=_stock,
-    candidates={**kernel_candidates("qk_norm", "qk_norm", _kernel, families=("triton", "cuda"),
-                                    fold_params=("weight",))},
+    reference=norm_reference,
+    stock=stock_norm,
+    candidates={**kernel_candidates("qk_norm", "qk_norm", _kernel, fold_params=("weight",))},
 )

@@ -67,6 +67,6 @@ OP = OpSpec(
     outputs=(rl.loss_output("loss", "sequence_mean"),),
     reference=_reference,
     stock=_stock,
-    candidates={**kernel_candidates("rl_dpo", "rl_dpo", _kernel, families=("triton",))},
+    candidates={**kernel_candidates("rl_dpo", "rl_dpo", _kernel)},
     layouts=WHOLE_PAIR_LAYOUTS,
 )

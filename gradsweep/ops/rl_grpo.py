@@ -53,7 +53,7 @@ def grpo_op(name: str, reduction: str, aggregation: str) -> OpSpec:
         outputs=(rl.loss_output("loss", reduction),),
         reference=_reference,
         stock=_stock,
-        candidates={**kernel_candidates(name, "rl_token", _kernel, families=("triton",))},
+        candidates={**kernel_candidates(name, "rl_token", _kernel)},
     )
 
 

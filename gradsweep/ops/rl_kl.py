@@ -40,5 +40,5 @@ OP = OpSpec(
     outputs=(rl.loss_output("k1"), rl.loss_output("k2"), rl.loss_output("k3")),
     reference=_reference,
     stock=_stock,
-    candidates={**kernel_candidates("rl_kl", "rl_token", _kernel, families=("triton",))},
+    candidates={**kernel_candidates("rl_kl", "rl_token", _kernel)},
 )

@@ -41,5 +41,5 @@ OP = OpSpec(
     outputs=(rl.loss_output("loss"),),
     reference=_reference,
     stock=_stock,
-    candidates={**kernel_candidates("rl_ppo", "rl_token", _kernel, families=("triton",))},
+    candidates={**kernel_candidates("rl_ppo", "rl_token", _kernel)},
 )

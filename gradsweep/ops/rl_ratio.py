@@ -34,5 +34,5 @@ OP = OpSpec(
     outputs=(rl.loss_output("ratio"),),
     reference=_reference,
     stock=_stock,
-    candidates={**kernel_candidates("rl_ratio", "rl_token", _kernel, families=("triton",))},
+    candidates={**kernel_candidates("rl_ratio", "rl_token", _kernel)},
 )

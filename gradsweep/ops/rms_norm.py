@@ -6,15 +6,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from gradsweep.ops.base import (
-    CallContext,
-    CallOutput,
-    OpSpec,
-    OutputSpec,
-    ParamSpec,
-    TokenInput,
-    kernel_candidates,
-)
+from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, ParamSpec, TokenInput, kernel_candidates
 
 
 class RmsNormShape(BaseModel):
@@ -27,11 +19,13 @@ def rms_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def _reference(inputs, params, shape, rows):
+def norm_reference(inputs, params, shape, rows):
+    """FP64 reference of y = RMSNorm(x) * weight over the last axis (rms_norm and qk_norm)."""
     return {"y": rms_reference(inputs["x"], params["weight"], shape["eps"])}
 
 
-def _stock(ctx: CallContext) -> CallOutput:
+def stock_norm(ctx: CallContext) -> CallOutput:
+    """Stock ``F.rms_norm`` over the last axis (rms_norm and qk_norm)."""
     x, w = ctx.inputs["x"], ctx.params["weight"]
     return CallOutput({"y": F.rms_norm(x, (x.shape[-1],), w, ctx.shape["eps"])})
 
@@ -48,7 +42,7 @@ OP = OpSpec(
     inputs=(TokenInput("x", lambda s: (s["hidden"],), grad="dx"),),
     params=(ParamSpec("weight", lambda s: (s["hidden"],), grad="dweight", scale=lambda s: 0.1, offset=1.0),),
     outputs=(OutputSpec("y", lambda s: (s["hidden"],)),),
-    reference=_reference,
-    stock=_stock,
+    reference=norm_reference,
+    stock=stock_norm,
     candidates={**kernel_candidates("rms_norm", "rms_norm", _kernel, fold_params=("weight",))},
 )

@@ -5,15 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from gradsweep.ops.base import (
-    CallContext,
-    CallOutput,
-    OpSpec,
-    OutputSpec,
-    TokenInput,
-    kernel_candidates,
-    positions_on,
-)
+from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, TokenInput, kernel_candidates, positions_on
 
 
 class RopeShape(BaseModel):

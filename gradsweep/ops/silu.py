@@ -6,13 +6,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import (
-    CallOutput,
-    OpSpec,
-    OutputSpec,
-    TokenInput,
-    kernel_candidates,
-)
+from gradsweep.ops.base import CallOutput, OpSpec, OutputSpec, TokenInput, kernel_candidates
 
 
 class SiluShape(BaseModel):

@@ -6,14 +6,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from gradsweep.ops.base import (
-    CallContext,
-    CallOutput,
-    OpSpec,
-    OutputSpec,
-    TokenInput,
-    kernel_candidates,
-)
+from gradsweep.ops.base import CallContext, CallOutput, OpSpec, OutputSpec, TokenInput, kernel_candidates
 
 
 class SwigluShape(BaseModel):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -13,42 +12,24 @@ from rich.table import Table
 from rich.text import Text
 
 from gradsweep.bench.predicate import BenchPredicate, CaseRecord, FamilyResult, TargetResult
-from gradsweep.evidence.trust import Signer
+from gradsweep.evidence.verify import EvidenceError
+from gradsweep.report.readers import Opened, open_signed
 
 SMOKE = "SMOKE RUN (--quick or no GPU): the machinery ran on tiny shapes; these numbers are not figures"
 
 
-@dataclass(frozen=True)
-class OpenedBench:
-    predicate: BenchPredicate
-    signers: list[Signer]
-    banners: list[str] = field(default_factory=list)
-
-    def note(self) -> str:
-        if not self.signers:
-            return "UNVERIFIED"
-        return "verified: signed by " + "; ".join(s.describe() for s in self.signers)
-
-
 def open_bench(path: Path, trusted_keys: list[Path] | None, trust_file: Path | None,
-               allow_unverified: bool) -> OpenedBench:
-    """Verify and read (EvidenceError unless ``allow_unverified``, which reads and flags)."""
+               allow_unverified: bool) -> Opened[BenchPredicate]:
+    """Bench evidence, verified first (EvidenceError unless ``allow_unverified``, which reads and flags)."""
     from gradsweep.bench.evidence import BenchEvidenceError, check_bench_signature, read_bench
-    from gradsweep.evidence.trust import TrustError, resolve_signers
-    from gradsweep.evidence.verify import EvidenceError
 
-    try:
-        signers = resolve_signers(trusted_keys, trust_file)
-        pred, who = check_bench_signature(path, signers)
-    except (EvidenceError, TrustError) as exc:
-        if not allow_unverified:
-            raise EvidenceError(f"{exc} (readers verify first: pass --allow-unverified to read it anyway)") from None
+    def read(p: Path) -> BenchPredicate:
         try:
-            pred = read_bench(path)
+            return read_bench(p)
         except BenchEvidenceError as bad:
             raise EvidenceError(str(bad)) from None
-        return OpenedBench(pred, [], [f"UNVERIFIED EVIDENCE {path}: {exc}; do not rely on these results"])
-    return OpenedBench(pred, who, [])
+
+    return open_signed(path, trusted_keys, trust_file, allow_unverified, check_bench_signature, read)
 
 
 # ------------------------------------------------------------------------------------------------ formatting
@@ -220,7 +201,7 @@ def readme_block(pred: BenchPredicate, evidence: str) -> str:
     run = pred.runs[0]
     prov = run.provenance
     lines = [f"Generated from `{evidence}` (signed; `gradsweep verify {evidence}`) by "
-             f"`python -m gradsweep.bench.readme {evidence}`: {prov.gpu_name or 'no GPU'}, {run.started_at}, "
+             f"`python -m gradsweep.report.bench_readme {evidence}`: {prov.gpu_name or 'no GPU'}, {run.started_at}, "
              f"git {(prov.git_commit or 'n/a')[:12]}; {_esc(pred.verdict.summary)}."]
     if not pred.claims_figures:
         lines.append(f"**{SMOKE}.**")

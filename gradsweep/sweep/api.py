@@ -13,6 +13,7 @@ from pathlib import Path
 
 from securesystemslib.signer import CryptoSigner
 
+from gradsweep.errors import BadInput
 from gradsweep.evidence.envelope import seal, write_atomic
 from gradsweep.evidence.extension import extension_digest
 from gradsweep.evidence.paths import portable_argv, portable_path
@@ -23,18 +24,17 @@ from gradsweep.evidence.signing import KeyFileError, public_path_for, resolve_si
 from gradsweep.evidence.source_digest import TreeDigest, file_sha256, repo_root, tree_digest
 from gradsweep.evidence.statement import build_statement
 from gradsweep.evidence.trust import default_trust_file
+from gradsweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
 from gradsweep.results import CellKey, CellResult
 from gradsweep.sweep.assemble import assemble_predicate
-from gradsweep.sweep.errors import BadInput
 from gradsweep.sweep.manifest_info import ManifestInfo, load_info
 from gradsweep.sweep.memory import FreeMemory, check_memory, measured_free
 from gradsweep.sweep.outputs import check_not_input, check_replace_evidence, check_writable
 from gradsweep.sweep.partial import PartialLog, partial_path
 from gradsweep.sweep.placement import placed_profiles, visible_gpus
-from gradsweep.sweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
 from gradsweep.sweep.runner import DEFAULT_TIMEOUT_S, RunSpec, default_jobs, run_cells
 from gradsweep.sweep.shard import Shard, cells_digest, parse_shard, select_shard
-from gradsweep.sweep.tracked import TrackedEntry, default_tracked_path, load_tracked
+from gradsweep.tracked_reds import TrackedEntry, default_tracked_path, load_tracked
 
 Say = Callable[[str], None]
 

@@ -16,7 +16,7 @@ from gradsweep.evidence.predicate import (
 )
 from gradsweep.results import CellResult
 from gradsweep.sweep.tally import mark, tally, verdict
-from gradsweep.sweep.tracked import TrackedEntry
+from gradsweep.tracked_reds import TrackedEntry
 
 
 def generator_name() -> str:

@@ -2,7 +2,7 @@
 
 The profile's environment is applied before the manifest (and so the harness) is imported: it is
 read from the raw YAML first, since the manifest loader itself may import kernels, and it passes the
-same allowlist as a loaded manifest's (sweep.env_policy) before anything is applied.
+same allowlist as a loaded manifest's (gradsweep.env_policy) before anything is applied.
 """
 
 from __future__ import annotations
@@ -12,36 +12,20 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
+from gradsweep.env_policy import raw_profile_env
+from gradsweep.errors import BadInput, one_line
 from gradsweep.evidence.predicate import CellRecord
+from gradsweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER, resolve
 from gradsweep.results import CellKey
-from gradsweep.sweep.env_policy import env_problem
-from gradsweep.sweep.errors import BadInput, one_line
 from gradsweep.sweep.manifest_info import default_manifest_path, load_info
 from gradsweep.sweep.memory import FreeMemory, check_memory, measured_free
 from gradsweep.sweep.placement import visible_gpus
-from gradsweep.sweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER, resolve
 from gradsweep.sweep.tally import tally, verdict
-from gradsweep.sweep.tracked import default_tracked_path, load_tracked, match_entry
 from gradsweep.sweep.worker import run_one, with_reruns
-
-
-def raw_profile_env(path: Path, profile: str) -> dict[str, str]:
-    """A profile's env from the raw YAML, refused (BadInput) if a name is not allowlisted."""
-    try:
-        data = yaml.safe_load(path.read_text())
-        env = data["profiles"][profile].get("env") or {}
-        env = {str(k): str(v) for k, v in env.items()}
-    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
-        return {}  # the loader reports what is wrong with the file
-    for name in env:
-        problem = env_problem(name)
-        if problem is not None:
-            raise BadInput(f"manifest {path}: field 'profiles.{profile}.env': {problem}; see docs/manifests.md")
-    return env
+from gradsweep.tracked_reds import default_tracked_path, load_tracked, match_entry
 
 
 def _check_candidate(manifest: Any, key: CellKey, candidate: str) -> None:

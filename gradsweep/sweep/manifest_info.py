@@ -1,7 +1,9 @@
 """What the sweep needs from a manifest, loaded in the parent through a replaceable loader.
 
 The loader is a dotted reference (default gradsweep.manifest:load_manifest) so tests can plant a
-tiny fake; workers load the same file with the same loader themselves.
+tiny fake; workers load the same file with the same loader themselves. Whatever the loader, its manifest
+provides: name, manifest_version, cells(), profiles (each with env and device), contract_path (or None),
+contract_version, cell_timeout_s (or None), reruns and plugins.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gradsweep.env_policy import check_profile_env
+from gradsweep.errors import BadInput, one_line
 from gradsweep.evidence.predicate import ContractRef
 from gradsweep.evidence.source_digest import file_sha256
+from gradsweep.resolve import DEFAULT_LOADER, resolve
 from gradsweep.results import CellKey
-from gradsweep.sweep.env_policy import check_profile_env
-from gradsweep.sweep.errors import BadInput, one_line
-from gradsweep.sweep.resolve import DEFAULT_LOADER, resolve
 from gradsweep.sweep.worker import load_with
 
 
@@ -43,18 +45,12 @@ def default_manifest_path() -> Path:
 
 
 def _contract(manifest: Any) -> tuple[ContractRef, Path | None]:
-    """The contract's version, and its file (None for test fakes that declare a version only)."""
-    raw = getattr(manifest, "contract_path", None)
-    path = Path(raw) if raw is not None else None
-    if hasattr(manifest, "contract_version"):  # test fakes declare the version directly
-        version = str(manifest.contract_version)
-    else:
-        from gradsweep.contract import load_contract
-
-        try:
-            version = str(load_contract(path).version)
-        except ValueError as exc:
-            raise BadInput(one_line(exc)) from None
+    """The contract's version, and its file (None when the loader's manifest names none)."""
+    path = Path(manifest.contract_path) if manifest.contract_path is not None else None
+    try:
+        version = str(manifest.contract_version)  # a gradsweep manifest reads its contract file here
+    except ValueError as exc:
+        raise BadInput(one_line(exc)) from None
     if path is not None and not path.is_file():
         raise BadInput(f"contract {path}: no such file")
     return ContractRef(version=version, sha256=file_sha256(path) if path else None), path
@@ -80,13 +76,13 @@ def load_info(path: Path | None, loader: str = DEFAULT_LOADER, allow_plugins: bo
             check_profile_env(dict(spec.env))
         except ValueError as exc:
             raise BadInput(f"manifest {path}: field 'profiles.{name}.env': {exc}") from None
-    timeout = getattr(manifest, "cell_timeout_s", None)
+    timeout = manifest.cell_timeout_s
     contract, contract_path = _contract(manifest)
     return ManifestInfo(
         path=path.resolve(), name=str(manifest.name), version=int(manifest.manifest_version),
         sha256=file_sha256(path), cells=list(manifest.cells()),
         profile_env={name: dict(spec.env) for name, spec in manifest.profiles.items()},
-        profile_device={name: str(getattr(spec, "device", "cpu")) for name, spec in manifest.profiles.items()},
+        profile_device={name: str(spec.device) for name, spec in manifest.profiles.items()},
         contract=contract, contract_path=contract_path,
-        cell_timeout_s=float(timeout) if timeout else None, reruns=int(getattr(manifest, "reruns", 1) or 1),
-        plugins=list(getattr(manifest, "plugins", []) or []), manifest=manifest)
+        cell_timeout_s=float(timeout) if timeout else None, reruns=int(manifest.reruns),
+        plugins=list(manifest.plugins), manifest=manifest)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gradsweep.errors import BadInput
 from gradsweep.results import CellKey
-from gradsweep.sweep.errors import BadInput
 
 FP64_BYTES = 8
 SAFETY = 2

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from gradsweep.sweep.errors import BadInput
+from gradsweep.errors import BadInput
 
 
 def _same_file(a: Path, b: Path) -> bool:

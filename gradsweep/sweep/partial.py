@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gradsweep.errors import BadInput
 from gradsweep.evidence.jsonsafe import jsonable
 from gradsweep.results import CellResult
-from gradsweep.sweep.errors import BadInput
 
 
 def partial_path(out: Path) -> Path:

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from gradsweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
 from gradsweep.results import CellKey, CellResult, Status
 from gradsweep.sweep.placement import VISIBLE, GpuSlots
-from gradsweep.sweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
 
 DEFAULT_TIMEOUT_S = 900.0
 MAX_START_FAILURES = 2

@@ -10,8 +10,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from gradsweep.errors import BadInput
 from gradsweep.results import CellKey
-from gradsweep.sweep.errors import BadInput
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 

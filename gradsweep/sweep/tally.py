@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gradsweep.evidence.predicate import CellRecord, Tally, Verdict
 from gradsweep.results import CellResult, Status
-from gradsweep.sweep.tracked import TrackedEntry, match_entry, stale_entries
+from gradsweep.tracked_reds import TrackedEntry, match_entry, stale_entries
 
 EXIT_OK = 0
 EXIT_FAIL = 1

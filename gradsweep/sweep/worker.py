@@ -26,8 +26,8 @@ from dataclasses import fields, is_dataclass, replace
 from typing import Any, BinaryIO
 
 from gradsweep.evidence.jsonsafe import jsonable
+from gradsweep.resolve import resolve
 from gradsweep.results import CellKey, CellResult, Status
-from gradsweep.sweep.resolve import resolve
 
 
 def _send(out: BinaryIO, event: str, **fields: Any) -> None:

@@ -1,13 +1,16 @@
-"""Helpers shared by the Triton kernel modules.
+"""The Triton family's one common module: what every kernel module of the family shares.
 
 Why they exist: every per-row reduction must run in a launch configuration that depends on the feature
 size only (``row_config``), and every token reduction must end in the same sequential FP32 fold over
-per-tile partials (``fold_partials``), so that a sample's bits never depend on how it was batched.
+per-tile partials (``fold_partials``), so that a sample's bits never depend on how it was batched. The
+interpreter switches (``INTERPRET`` and its constexpr twins), the launch path (``FastLaunch``, ``Tuner``) and
+the jit helpers every product and store goes through (``mma``, ``to_out``) are read from here only.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -34,6 +37,15 @@ FAST_LAUNCH = os.environ.get("GRADSWEEP_FAST_LAUNCH", "1") == "1" and not INTERP
 # fold's arithmetic is acc = acc + partial[t] for t in order, whatever these are).
 FOLD_BLOCK = 32
 FOLD_UNROLL = 8 if INTERPRET else 64
+
+
+def loop_bound(n: int):
+    """A kernel's runtime loop bound: a constexpr under the interpreter, a plain int on the GPU.
+
+    The interpreter (numpy 2.4) cannot ``range()`` over a runtime scalar argument (it becomes a
+    1-element array); a ``tl.constexpr`` argument stays a plain int there.
+    """
+    return tl.constexpr(n) if INTERPRET else n
 
 
 def launch_spec(args) -> tuple:
@@ -79,6 +91,72 @@ class FastLaunch:
             ck[g](*args, *[consts[n] for n in self.const_names])
 
 
+class Tuner:
+    """Config choice without ``triton.autotune``: time the candidates once per key, then launch fast.
+
+    Every candidate keeps the reduction order (tile shapes and warps only), so the choice is a
+    speed choice; ``scratch`` names an in-place argument that tuning runs must not disturb. Launches go
+    through ``FastLaunch`` (the compiled kernel called directly once a specialisation exists).
+    """
+
+    def __init__(self, fn, configs: Callable[[tuple], list[triton.Config]]):
+        self.fn = fn
+        self.configs = configs
+        self.launch = FastLaunch(fn)
+        self.best: dict[tuple, triton.Config] = {}
+        self.timings: dict[tuple, dict[str, float]] = {}
+
+    @staticmethod
+    def _meta(cfg: triton.Config, consts: dict, k_even: int | None) -> dict:
+        meta = {**cfg.kwargs, **consts}
+        if k_even is not None:  # EVEN_K follows the config's BK (loads unmasked when BK divides K)
+            meta["EVEN_K"] = k_even % meta["BK"] == 0
+        return meta
+
+    def _tune(self, key: tuple, grid: Callable, args: list, consts: dict, scratch: int | None,
+              k_even: int | None) -> triton.Config:
+        cands = self.configs(key)
+        if len(cands) == 1:
+            return cands[0]
+        targs = list(args)
+        if scratch is not None:
+            targs[scratch] = args[scratch].clone()
+        times = {}
+        for c in cands:
+            meta = self._meta(c, consts, k_even)
+
+            def run(c=c, meta=meta):
+                self.fn[grid(meta)](*targs, **meta, num_warps=c.num_warps, num_stages=c.num_stages)
+            try:
+                run()
+                times[c] = triton.testing.do_bench(run, warmup=5, rep=20, return_mode="median")
+            except Exception:  # out of shared memory or registers on this device: not a candidate
+                times[c] = float("inf")
+        self.timings[key] = {str(c): (round(t, 4) if t < float("inf") else None) for c, t in times.items()}
+        return min(times, key=times.get)
+
+    def __call__(self, key: tuple, grid: Callable, args: list, consts: dict, scratch: int | None = None,
+                 k_even: int | None = None) -> None:
+        """Launch with the key's config; ``scratch``: index of an in-place argument (cloned to tune)."""
+        cfg = self.best.get(key)
+        if cfg is None:
+            cfg = self.best[key] = self._tune(key, grid, args, consts, scratch, k_even)
+        meta = self._meta(cfg, consts, k_even)
+        self.launch(grid(meta), args, meta, cfg.num_warps, cfg.num_stages)
+
+    def chosen(self) -> dict[str, str]:
+        """Chosen config per key (benchmark reports)."""
+        return {str(k): str(c) for k, c in self.best.items()}
+
+
+def m_bucket(m: int) -> int:
+    """Tuning key for the row count: a few buckets, so a trainer's varying R retunes rarely."""
+    for b in (16, 64, 256, 1024):
+        if m <= b:
+            return b
+    return 4096
+
+
 def pow2(n: int) -> int:
     """Smallest power of two >= max(n, 1)."""
     return int(triton.next_power_of_2(max(int(n), 1)))
@@ -102,17 +180,6 @@ def row_config(n_features: int, tile: int) -> tuple[int, int, int]:
     block = pow2(n_features)
     rows = max(1, min(tile, 2048 // block))
     return block, rows, warps_for(block * rows)
-
-
-def require_fold(fold: CanonicalFold | None, weight: torch.Tensor, op: str) -> None:
-    """Fail early: a weight gradient without a canonical fold would have nowhere to go."""
-    if fold is None and weight.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{op}: weight requires grad but fold is None; pass a CanonicalFold "
-                         "(the weight gradient is folded into fold.main_grad, never returned)")
-    if fold is not None:
-        if fold.main_grad.device != weight.device or fold.main_grad.shape != weight.shape:
-            raise ValueError(f"{op}: fold.main_grad must be an fp32 tensor shaped like the weight "
-                             f"{tuple(weight.shape)} on {weight.device}")
 
 
 def rest_desc(n_rows: int, covered: tuple[np.ndarray, np.ndarray], tile: int) -> np.ndarray:
@@ -203,6 +270,27 @@ def norm_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tens
     return dx
 
 
+def norm_function(forward, backward) -> type[torch.autograd.Function]:
+    """The autograd Function of a row-normalising op (rms_norm, qk_norm): y = ``forward(x, weight, eps)``; the
+    backward gives dx and folds dweight into the fold's main grad (``backward(x, weight, dy, eps, rows, fold,
+    need_dx=)``), so the weight's returned gradient is None."""
+
+    class NormFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, eps, rows, fold):  # type: ignore[override]
+            ctx.save_for_backward(x, weight)
+            ctx.eps, ctx.rows, ctx.fold = eps, rows, fold
+            return forward(x, weight, eps)
+
+        @staticmethod
+        def backward(ctx, dy):  # type: ignore[override]
+            x, weight = ctx.saved_tensors
+            dx = backward(x, weight, dy, ctx.eps, ctx.rows, ctx.fold, need_dx=ctx.needs_input_grad[0])
+            return dx, None, None, None, None
+
+    return NormFn
+
+
 _FOLD = FastLaunch(_fold_kernel)
 
 
@@ -264,7 +352,7 @@ def mma(a, b, acc):
 
     Why a nested jit helper and not an inline pattern: the interpreter re-patches the language on every
     nested call, measured at ~0.1 ms a call (5-8% of one 64x64x32 product), and no difference at all on
-    tests/test_triton_kernels_ii.py (13.45 s either way, triton 3.6); on the GPU it is inlined.
+    the GEMM kernel tests (13.45 s either way, triton 3.6); on the GPU it is inlined.
     """
     if PORTABLE_DOT:
         prod = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
@@ -274,6 +362,17 @@ def mma(a, b, acc):
             return acc + prod
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def tile_ids(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """Grouped (swizzled) tile order: GROUP_M row tiles share each column tile in L2."""
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % size_m
+    pid_n = (pid % in_group) // size_m
+    return pid_m, pid_n
 
 
 @triton.jit

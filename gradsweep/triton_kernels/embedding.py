@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity, TileStep
-from gradsweep.triton_kernels._common import FastLaunch, pow2, require_fold, upload
+from gradsweep.kernel_api import check_embedding, embedding_function, require_fold
+from gradsweep.triton_kernels._common import FastLaunch, pow2, upload
 
 TILE: int = 64  # canonical tile of the fold (plans cost O(tiles); the bits do not depend on it)
 BLOCK_H = 1024  # columns per program (elementwise along H: any value gives the same bits)
@@ -153,27 +154,13 @@ def embedding_backward(ids: torch.Tensor, dy: torch.Tensor, rows: RowIdentity, f
     embedding_fold(tokens, tok_ids, dy, step.stage[0], fold.main_grad)
 
 
-class _EmbeddingFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, ids, weight, rows, fold):  # type: ignore[override]
-        ctx.save_for_backward(ids)
-        ctx.rows, ctx.fold = rows, fold
-        return embedding_forward(ids, weight)
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        (ids,) = ctx.saved_tensors
-        if ctx.fold is not None:
-            embedding_backward(ids, dy, ctx.rows, ctx.fold)
-        return None, None, None, None
+_EmbeddingFn = embedding_function(embedding_forward, embedding_backward)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor, rows: RowIdentity,
               fold: CanonicalFold | None) -> torch.Tensor:
     """weight[ids] for ids [R] (int64, weight's device); dweight goes into fold.main_grad [V, H]."""
-    if ids.dim() != 1 or weight.dim() != 2:
-        raise ValueError(f"embedding: expected ids [R] and weight [V, H], got {tuple(ids.shape)}, "
-                         f"{tuple(weight.shape)}")
+    check_embedding(ids, weight)
     if ids.device != weight.device:
         raise ValueError("embedding: ids must be on the weight's device")
     if ids.device.type == "cpu" and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):

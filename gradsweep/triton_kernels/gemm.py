@@ -10,37 +10,34 @@ Why it is batch-invariant:
   accumulator initialised by LOADING main_grad and stored back: the same tiles in the same order
   whatever the batching, so B=N, N x B=1, chunked, padded and permuted calls give the same bits.
 
-Speed (issue 5, second pass):
+Speed (measured on the H200, notes/triton_gemm_vocab.md):
 - the operand that is contiguous along N (W in dX, W chunks in linear_logp's dhidden) is indexed
   ``rn % N`` with contiguity hints when N % 8 == 0, so its loads stay 16-byte async copies (a
   ``where`` clamp there made them 2-byte loads and spilled);
 - the dW fold prefetches the next tile's descriptor one iteration ahead, so the gather loads
   are software-pipelined like a plain GEMM (an index load in the same iteration left 2 buffers
   and a wait-all per step);
-- launches skip ``triton.autotune``: a config is tuned once per key (``Tuner``), then the
+- launches skip ``triton.autotune``: a config is tuned once per key (``_common.Tuner``), then the
   compiled kernel is called directly, keyed by everything Triton specialises on.
 
-Under ``TRITON_INTERPRET=1`` (CPU) every launch uses one pinned configuration and every product goes
-through ``_common.mma``: a fixed-order FP32 product that never reaches the host BLAS (whose kernel, chosen
-by the CPU, makes a row's bits depend on its position in the block); on the GPU ``mma`` is ``tl.dot``.
+The K loop of every GEMM of the family (``k_loop``: this module's forward / dX and linear_logp's logits
+tiles) is written once. Under ``TRITON_INTERPRET=1`` (CPU) every launch uses one pinned configuration and
+every product goes through ``_common.mma``: a fixed-order FP32 product that never reaches the host BLAS
+(whose kernel, chosen by the CPU, makes a row's bits depend on its position in the block); on the GPU
+``mma`` is ``tl.dot``.
 """
 
 from __future__ import annotations
-
-import os
-from collections.abc import Callable, Sequence
 
 import torch
 import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity, TileStep
-from gradsweep.triton_kernels._common import cast_out, mma
+from gradsweep.kernel_api import check_linear, require_fold
+from gradsweep.triton_kernels._common import INTERPRET, Tuner, loop_bound, m_bucket, mma, tile_ids, to_out
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 TILE = 64  # canonical token tile of the dW fold (the fold kernel's K block equals it)
-# Call compiled kernels directly after the first launch of a specialisation (host time only).
-FAST_LAUNCH = os.environ.get("GRADSWEEP_FAST_LAUNCH", "1") == "1"
 
 # Pinned interpreter configuration (CPU): numpy's blocking must not vary between calls.
 # Large tiles: the interpreter's cost is per program, numpy vectorises inside a tile.
@@ -48,123 +45,32 @@ _CPU_MM = {"BM": 64, "BN": 64, "BK": 32, "GROUP_M": 4}
 _CPU_DW = {"BN": 64, "BK": 64, "GROUP_M": 4}
 
 
-def loop_bound(n: int):
-    """A kernel's runtime loop bound: a constexpr under the interpreter, a plain int on the GPU.
-
-    The interpreter (numpy 2.4) cannot ``range()`` over a runtime scalar argument (it becomes a
-    1-element array); a ``tl.constexpr`` argument stays a plain int there.
-    """
-    return tl.constexpr(n) if INTERPRET else n
-
-
-def m_bucket(m: int) -> int:
-    """Tuning key for the row count: a few buckets, so a trainer's varying R retunes rarely."""
-    for b in (16, 64, 256, 1024):
-        if m <= b:
-            return b
-    return 4096
-
-
-def _spec(args: Sequence) -> tuple:
-    """What Triton specialises a launch on: tensor dtype and 16-byte alignment; ints == 1, % 16, width."""
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append((a.dtype, a.data_ptr() % 16 == 0))
-        elif isinstance(a, bool) or a is None:
-            out.append(a)
-        elif isinstance(a, int):
-            out.append((a == 1, a % 16 == 0, -(2 ** 31) <= a < 2 ** 31, a < 2 ** 63))
-        else:
-            out.append(type(a))
-    return tuple(out)
-
-
-class Tuner:
-    """Config choice without ``triton.autotune``: time the candidates once per key, then launch fast.
-
-    Every candidate keeps the reduction order (tile shapes and warps only), so the choice is a
-    speed choice; ``scratch`` names an in-place argument that tuning runs must not disturb.
-    """
-
-    def __init__(self, fn, configs: Callable[[tuple], list[triton.Config]]):
-        self.fn = fn
-        self.configs = configs
-        params = getattr(fn, "params", None)  # the interpreter's function has none (never launched here)
-        self.const_names = [p.name for p in params if p.is_constexpr] if params else []
-        self.best: dict[tuple, triton.Config] = {}
-        self.compiled: dict[tuple, object] = {}
-        self.timings: dict[tuple, dict[str, float]] = {}
-
-    @staticmethod
-    def _meta(cfg: triton.Config, consts: dict, k_even: int | None) -> dict:
-        meta = {**cfg.kwargs, **consts}
-        if k_even is not None:  # EVEN_K follows the config's BK (loads unmasked when BK divides K)
-            meta["EVEN_K"] = k_even % meta["BK"] == 0
-        return meta
-
-    def _tune(self, key: tuple, grid: Callable, args: list, consts: dict, scratch: int | None,
-              k_even: int | None) -> triton.Config:
-        cands = self.configs(key)
-        if len(cands) == 1:
-            return cands[0]
-        targs = list(args)
-        if scratch is not None:
-            targs[scratch] = args[scratch].clone()
-        times = {}
-        for c in cands:
-            meta = self._meta(c, consts, k_even)
-
-            def run(c=c, meta=meta):
-                self.fn[grid(meta)](*targs, **meta, num_warps=c.num_warps, num_stages=c.num_stages)
-            try:
-                run()
-                times[c] = triton.testing.do_bench(run, warmup=5, rep=20, return_mode="median")
-            except Exception:  # out of shared memory or registers on this device: not a candidate
-                times[c] = float("inf")
-        self.timings[key] = {str(c): (round(t, 4) if t < float("inf") else None) for c, t in times.items()}
-        return min(times, key=times.get)
-
-    def __call__(self, key: tuple, grid: Callable, args: list, consts: dict, scratch: int | None = None,
-                 k_even: int | None = None) -> None:
-        """Launch with the key's config; ``scratch``: index of an in-place argument (cloned to tune)."""
-        cfg = self.best.get(key)
-        if cfg is None:
-            cfg = self.best[key] = self._tune(key, grid, args, consts, scratch, k_even)
-        meta = self._meta(cfg, consts, k_even)
-        g = (*grid(meta), 1, 1)[:3]  # a compiled kernel's launcher wants all three grid dimensions
-        if not FAST_LAUNCH:
-            self.fn[g](*args, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-            return
-        skey = (key, tuple(meta.values()), _spec(args))
-        ck = self.compiled.get(skey)
-        if ck is None:
-            self.compiled[skey] = self.fn[g](*args, **meta, num_warps=cfg.num_warps,
-                                                 num_stages=cfg.num_stages)
-        else:
-            ck[g](*args, *[meta[n] for n in self.const_names])
-
-    def chosen(self) -> dict[str, str]:
-        """Chosen config per key (benchmark reports)."""
-        return {str(k): str(c) for k, c in self.best.items()}
-
-
 @triton.jit
-def _tile_ids(pid, num_m, num_n, GROUP_M: tl.constexpr):
-    """Grouped (swizzled) tile order: GROUP_M row tiles share each column tile in L2."""
-    in_group = GROUP_M * num_n
-    first_m = (pid // in_group) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % size_m
-    pid_n = (pid % in_group) // size_m
-    return pid_m, pid_n
+def k_loop(a_ptr, b_ptr, acc, K, rk, s_ak, s_bk, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """acc + A @ B over K in one sequential chain of BK-wide products (never split): the GEMM loop of the family.
+
+    ``a_ptr`` [BM, BK] and ``b_ptr`` [BK, BN] point at the first K block (``rk`` = arange(BK) along K) and move
+    by BK x their K stride each step; EVEN_K (BK divides K) loads unmasked, else the K tail is masked to zero.
+    """
+    for k0 in range(0, K, BK):
+        if EVEN_K:
+            a = tl.load(a_ptr)
+            b = tl.load(b_ptr)
+        else:
+            k_ok = (k0 + rk) < K
+            a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
+        acc = mma(a, b, acc)
+        a_ptr += BK * s_ak
+        b_ptr += BK * s_bk
+    return acc
 
 
 @triton.jit
 def _mm_kernel(A, B, C, M, N, K,
                s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-               ACC_IN: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, HINT_N: tl.constexpr):
+               ACC_IN: tl.constexpr, EVEN_K: tl.constexpr, HINT_N: tl.constexpr):
     """C[M,N] (+)= A[M,K] @ B[K,N]; one sequential K loop (no split-K), fp32 accumulator.
 
     ACC_IN: C is an fp32 accumulator loaded before the loop (reductions chained across calls
@@ -173,7 +79,7 @@ def _mm_kernel(A, B, C, M, N, K,
     every aligned group of 8 wrapped columns is still contiguous, so the hint lets the loads of B
     be 16-byte async copies.
     """
-    pid_m, pid_n = _tile_ids(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    pid_m, pid_n = tile_ids(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -189,18 +95,8 @@ def _mm_kernel(A, B, C, M, N, K,
         acc = tl.load(c_ptr, mask=c_mask, other=0.0)
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        if EVEN_K:
-            a = tl.load(a_ptr)
-            b = tl.load(b_ptr)
-        else:
-            k_ok = (k0 + rk) < K
-            a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
-            b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
-        acc = mma(a, b, acc)
-        a_ptr += BK * s_ak
-        b_ptr += BK * s_bk
-    tl.store(c_ptr, cast_out(acc, C.dtype.element_ty, UPCAST), mask=c_mask)
+    acc = k_loop(a_ptr, b_ptr, acc, K, rk, s_ak, s_bk, BK, EVEN_K)
+    tl.store(c_ptr, to_out(acc, C.dtype.element_ty), mask=c_mask)
 
 
 # (BM, BN, BK, warps, stages) per row bucket: a speed choice only (rows are tile-invariant).
@@ -238,13 +134,13 @@ def _launch_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_in: bool
     if INTERPRET:
         cfg = _CPU_MM
         grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"]),)
-        _mm_kernel[grid](*args, **cfg, ACC_IN=acc_in, EVEN_K=k % cfg["BK"] == 0, UPCAST=True, HINT_N=hint)
+        _mm_kernel[grid](*args, **cfg, ACC_IN=acc_in, EVEN_K=k % cfg["BK"] == 0, HINT_N=hint)
         return out
 
     def grid(meta):
         return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
     _MM((m_bucket(m), n, k, acc_in, hint, a.dtype, out.dtype, a.stride(1) == 1, b.stride(1) == 1), grid, args,
-        {"ACC_IN": acc_in, "UPCAST": False, "HINT_N": hint}, scratch=2 if acc_in else None, k_even=k)
+        {"ACC_IN": acc_in, "HINT_N": hint}, scratch=2 if acc_in else None, k_even=k)
     return out
 
 
@@ -277,7 +173,7 @@ def _dw_kernel(DESC, X, DY, XS, DYS, G, n_tiles, N, K,
     loop-carried value, not on a load of the same iteration, and the compiler pipelines them several
     stages deep like a plain GEMM.
     """
-    pid_n, pid_k = _tile_ids(tl.program_id(0), tl.cdiv(N, BN), tl.cdiv(K, BK), GROUP_M)
+    pid_n, pid_k = tile_ids(tl.program_id(0), tl.cdiv(N, BN), tl.cdiv(K, BK), GROUP_M)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = pid_k * BK + tl.arange(0, BK)
     rt = tl.arange(0, BT)
@@ -367,16 +263,6 @@ def dw_fold_tiles(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_gr
     return main_grad
 
 
-def _check_fold(weight: torch.Tensor, fold: CanonicalFold | None, what: str) -> None:
-    if fold is None and weight.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{what}: the weight requires grad but no CanonicalFold was given; dW is only "
-                         "produced by folding into fold.main_grad (pass a CanonicalFold, or detach "
-                         "the weight)")
-    if fold is not None and fold.main_grad.shape != weight.shape:
-        raise ValueError(f"{what}: fold.main_grad {tuple(fold.main_grad.shape)} != "
-                         f"weight {tuple(weight.shape)}")
-
-
 class DetLinearFn(torch.autograd.Function):
     """y = x @ W^T; backward dX by the invariant GEMM, dW folded into fold.main_grad (grad None)."""
 
@@ -402,9 +288,6 @@ class DetLinearFn(torch.autograd.Function):
 def det_linear(x: torch.Tensor, weight: torch.Tensor, rows: RowIdentity,
                fold: CanonicalFold | None) -> torch.Tensor:
     """Batch-invariant ``x @ weight.T`` (bf16 in/out, fp32 accumulate); dW by the canonical fold."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"det_linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
-    if rows.num_rows != x.shape[0]:
-        raise ValueError(f"det_linear: {rows.num_rows} row identities for {x.shape[0]} rows")
-    _check_fold(weight, fold, "det_linear")
+    check_linear(x, weight, rows)
+    require_fold(fold, weight, "det_linear")
     return DetLinearFn.apply(x.contiguous(), weight.contiguous(), rows, fold)

@@ -18,28 +18,15 @@ Targets outside [0, V) give logp 0 and zero gradients.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
-from gradsweep.triton_kernels._common import mma
-from gradsweep.triton_kernels.gemm import (
-    TILE,
-    Tuner,
-    _check_fold,
-    _tile_ids,
-    cast_out,
-    dw_fold_tiles,
-    loop_bound,
-    m_bucket,
-    matmul_accumulate,
-    mm_configs,
-)
+from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold
+from gradsweep.triton_kernels._common import INTERPRET, Tuner, loop_bound, m_bucket, tile_ids, to_out
+from gradsweep.triton_kernels.gemm import TILE, dw_fold_tiles, k_loop, matmul_accumulate, mm_configs
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 __all__ = ["TILE", "linear_logp"]
 # Pinned forward configuration (a row's log-sum-exp order follows it): never a function of R.
 # GPU: BV=256 measured 8.75 ms vs 10.14 ms for BV=128 (H200, R=4096, V=151936, first pass).
@@ -74,18 +61,7 @@ def _fused_fwd_kernel(H, W, T, PM, PS, PT, R, V, K, n_chunks, s_h, s_w,
             wv = tl.where(rv < V, rv, 0).to(tl.int64)
             a_ptr = H + hm[:, None] * s_h + rk[None, :]
             b_ptr = W + wv[None, :] * s_w + rk[:, None]
-            acc = tl.zeros((BM, BV), tl.float32)
-            for k0 in range(0, K, BK):
-                if EVEN_K:
-                    a = tl.load(a_ptr)
-                    b = tl.load(b_ptr)
-                else:
-                    k_ok = (k0 + rk) < K
-                    a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
-                    b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
-                acc = mma(a, b, acc)
-                a_ptr += BK
-                b_ptr += BK
+            acc = k_loop(a_ptr, b_ptr, tl.zeros((BM, BV), tl.float32), K, rk, 1, 1, BK, EVEN_K)
             logits = tl.where(rv[None, :] < V, acc, float("-inf"))
             m_new = tl.maximum(m, tl.max(logits, 1))
             s = s * tl.exp(m - m_new) + tl.sum(tl.exp(logits - m_new[:, None]), 1)
@@ -127,12 +103,9 @@ def fused_forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     cfg = dict(FWD_CFG if cfg is None else cfg)
     r, k = hidden.shape
     v = weight.shape[0]
-    out = torch.empty(r, dtype=torch.float32, device=hidden.device)
-    lse = torch.empty(r, dtype=torch.float32, device=hidden.device)
+    out, lse = logp_outputs(r, v, hidden.device, "linear_logp")
     if r == 0:
         return out, lse
-    if v == 0:
-        raise ValueError("linear_logp: empty vocabulary")
     n_chunks = triton.cdiv(v, cfg["VCHUNK"])
     part = torch.empty(3, r, n_chunks, dtype=torch.float32, device=hidden.device)
     warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
@@ -149,9 +122,9 @@ def fused_forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
 def _dlogits_kernel(H, W, T, LSE, G, D, M, N, K, v0, V,
                     s_h, s_w, s_d,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                    EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+                    EVEN_K: tl.constexpr):
     """D[M, N] = g (onehot(v0 + col == t) - exp(H @ W^T - lse)): invariant GEMM + element-wise epilogue."""
-    pid_m, pid_n = _tile_ids(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    pid_m, pid_n = tile_ids(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -159,18 +132,7 @@ def _dlogits_kernel(H, W, T, LSE, G, D, M, N, K, v0, V,
     bn = tl.where(rn < N, rn, 0).to(tl.int64)
     a_ptr = H + am[:, None] * s_h + rk[None, :]
     b_ptr = W + bn[None, :] * s_w + rk[:, None]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        if EVEN_K:
-            a = tl.load(a_ptr)
-            b = tl.load(b_ptr)
-        else:
-            k_ok = (k0 + rk) < K
-            a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
-            b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
-        acc = mma(a, b, acc)
-        a_ptr += BK
-        b_ptr += BK
+    acc = k_loop(a_ptr, b_ptr, tl.zeros((BM, BN), dtype=tl.float32), K, rk, 1, 1, BK, EVEN_K)
     t = tl.load(T + am)
     g = tl.load(G + am)
     g = tl.where((t >= 0) & (t < V), g, 0.0)
@@ -179,7 +141,7 @@ def _dlogits_kernel(H, W, T, LSE, G, D, M, N, K, v0, V,
     d = g[:, None] * (tl.where(hit, 1.0, 0.0) - tl.exp(acc - lse[:, None]))
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     d_ptr = D + rm.to(tl.int64)[:, None] * s_d + rn[None, :]
-    tl.store(d_ptr, cast_out(d, D.dtype.element_ty, UPCAST), mask=mask)
+    tl.store(d_ptr, to_out(d, D.dtype.element_ty), mask=mask)
 
 
 _DLOGITS = Tuner(_dlogits_kernel, mm_configs)
@@ -198,11 +160,11 @@ def dlogits_chunk(hidden: torch.Tensor, w_chunk: torch.Tensor, targets: torch.Te
     if INTERPRET:
         cfg = _CPU_DLOG
         grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"]),)
-        _dlogits_kernel[grid](*args, **cfg, EVEN_K=k % cfg["BK"] == 0, UPCAST=True)
+        _dlogits_kernel[grid](*args, **cfg, EVEN_K=k % cfg["BK"] == 0)
     else:
         def grid(meta):
             return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
-        _DLOGITS((m_bucket(m), n, k, hidden.dtype), grid, args, {"UPCAST": False}, k_even=k)
+        _DLOGITS((m_bucket(m), n, k, hidden.dtype), grid, args, {}, k_even=k)
     return d
 
 
@@ -250,11 +212,7 @@ class LinearLogpFn(torch.autograd.Function):
 def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: RowIdentity,
                 fold: CanonicalFold | None) -> torch.Tensor:
     """logp[r] = z[r, t_r] - logsumexp_v z[r, v] with z = hidden @ weight^T; fp32 [R], batch-invariant."""
-    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"linear_logp: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)} "
-                         "do not match")
-    if targets.shape != (hidden.shape[0],) or rows.num_rows != hidden.shape[0]:
-        raise ValueError("linear_logp: targets and rows must have one entry per hidden row")
-    _check_fold(weight, fold, "linear_logp")
+    check_linear_logp(hidden, weight, targets, rows)
+    require_fold(fold, weight, "linear_logp")
     targets = targets.to(device=hidden.device, dtype=torch.int64).contiguous()
     return LinearLogpFn.apply(hidden.contiguous(), weight.contiguous(), targets, rows, fold)

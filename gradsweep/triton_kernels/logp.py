@@ -10,15 +10,13 @@ Targets outside [0, V) (e.g. -100 on pad rows) give logp 0 and a zero gradient.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from gradsweep.triton_kernels.gemm import cast_out, loop_bound
+from gradsweep.kernel_api import check_selected_logp, logp_outputs, selected_logp_function
+from gradsweep.triton_kernels._common import INTERPRET, loop_bound, to_out
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Pinned forward configuration (a row's summation order follows BLOCK_V and the warps; never R).
 # ROWS rows per program share one 2-D block whose layout repeats row after row; the interpreter
 # takes many rows per program because its cost is per program.
@@ -53,8 +51,7 @@ def _logp_fwd_kernel(L, T, OUT, LSE, R, V, s_l, ROWS: tl.constexpr, BLOCK: tl.co
 
 
 @triton.jit
-def _logp_bwd_kernel(L, T, LSE, G, D, R, V, s_l, s_d, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                     SOFT_RNE: tl.constexpr):
+def _logp_bwd_kernel(L, T, LSE, G, D, R, V, s_l, s_d, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """dlogits[r, v] = g[r] * (onehot(v == t) - exp(l - lse)): element-wise, any tiling."""
     rr = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = rr < R
@@ -67,18 +64,15 @@ def _logp_bwd_kernel(L, T, LSE, G, D, R, V, s_l, s_d, ROWS: tl.constexpr, BLOCK:
     g = tl.where((t >= 0) & (t < V), g, 0.0)
     lse = tl.load(LSE + r)
     d = g[:, None] * (tl.where(cols[None, :] == t[:, None], 1.0, 0.0) - tl.exp(x - lse[:, None]))
-    tl.store(D + r[:, None] * s_d + cols[None, :], cast_out(d, D.dtype.element_ty, SOFT_RNE), mask=live)
+    tl.store(D + r[:, None] * s_d + cols[None, :], to_out(d, D.dtype.element_ty), mask=live)
 
 
 def logp_forward(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp fp32 [R], lse fp32 [R]); logits [R, V] with unit column stride."""
     r, v = logits.shape
-    out = torch.empty(r, dtype=torch.float32, device=logits.device)
-    lse = torch.empty(r, dtype=torch.float32, device=logits.device)
+    out, lse = logp_outputs(r, v, logits.device, "selected_logp")
     if r == 0:
         return out, lse
-    if v == 0:
-        raise ValueError("selected_logp: empty vocabulary")
     grid = (triton.cdiv(r, FWD_ROWS),)
     _logp_fwd_kernel[grid](logits, targets, out, lse, r, loop_bound(v), logits.stride(0),
                            ROWS=FWD_ROWS, BLOCK=BLOCK_V, num_warps=FWD_WARPS, num_stages=2)
@@ -94,30 +88,16 @@ def logp_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor
         return d
     grid = (triton.cdiv(r, BWD_ROWS), triton.cdiv(v, BWD_BLOCK_V))
     _logp_bwd_kernel[grid](logits, targets, lse, g.float().contiguous(), d, r, v, logits.stride(0),
-                           d.stride(0), ROWS=BWD_ROWS, BLOCK=BWD_BLOCK_V, SOFT_RNE=INTERPRET, num_warps=4)
+                           d.stride(0), ROWS=BWD_ROWS, BLOCK=BWD_BLOCK_V, num_warps=4)
     return d
 
 
-class SelectedLogpFn(torch.autograd.Function):
-    """logp = logits[r, t] - logsumexp(logits[r]) (fp32); backward dlogits = g (onehot - softmax)."""
-
-    @staticmethod
-    def forward(ctx, logits, targets):
-        out, lse = logp_forward(logits, targets)
-        ctx.save_for_backward(logits, targets, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        logits, targets, lse = ctx.saved_tensors
-        d = logp_backward(logits, targets, lse, g) if ctx.needs_input_grad[0] else None
-        return d, None
+SelectedLogpFn = selected_logp_function(logp_forward, logp_backward)
 
 
 def selected_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Batch-invariant selected-token log-prob, fp32 [R]; differentiable w.r.t. logits."""
-    if logits.dim() != 2 or targets.shape != (logits.shape[0],):
-        raise ValueError(f"selected_logp: logits {tuple(logits.shape)}, targets {tuple(targets.shape)}")
+    check_selected_logp(logits, targets)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     return SelectedLogpFn.apply(logits, targets.to(device=logits.device, dtype=torch.int64).contiguous())

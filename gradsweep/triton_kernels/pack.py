@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gradsweep.kernel_api import check_pack, check_unpack, check_unpack_rows, pack_functions, sample_table
 from gradsweep.triton_kernels._common import pow2
 
 BLOCK_H = 1024
@@ -57,10 +58,7 @@ def _launch(src: torch.Tensor, dst: torch.Tensor, lengths: list[int], starts: li
     n_samples = len(lengths)
     if n_samples == 0 or max_len == 0 or hidden == 0:
         return
-    firsts = [0]
-    for n in lengths[:-1]:
-        firsts.append(firsts[-1] + n)
-    meta = torch.tensor(lengths + firsts + starts, dtype=torch.int64).to(src.device)  # one small upload
+    meta = sample_table(lengths, starts, src.device)
     block = min(pow2(hidden), BLOCK_H)
     rows = max(1, 4096 // block)
     grid = (n_samples, triton.cdiv(max_len, rows), triton.cdiv(hidden, block))
@@ -82,34 +80,14 @@ def unpack_forward(packed: torch.Tensor, lengths: list[int], max_len: int,
                    starts: list[int] | None = None) -> torch.Tensor:
     """Launcher (no autograd): packed [T, H] -> [B, max_len, H], pad slots zero."""
     total, hidden = packed.shape
-    if sum(lengths) != total:
-        raise ValueError(f"unpack: sum(lengths)={sum(lengths)} but packed has {total} rows")
+    check_unpack_rows(lengths, total)
     out = torch.empty((len(lengths), max_len, hidden), dtype=packed.dtype, device=packed.device)
     if out.numel():
         _launch(packed.contiguous(), out, lengths, starts or [0] * len(lengths), max_len, hidden, unpack=True)
     return out
 
 
-class _PackFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, lengths, starts):  # type: ignore[override]
-        ctx.lengths, ctx.starts, ctx.max_len = lengths, starts, x.shape[1]
-        return pack_forward(x, lengths, starts)
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        return unpack_forward(dy, ctx.lengths, ctx.max_len, ctx.starts), None, None
-
-
-class _UnpackFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, packed, lengths, max_len, starts):  # type: ignore[override]
-        ctx.lengths, ctx.starts = lengths, starts
-        return unpack_forward(packed, lengths, max_len, starts)
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        return pack_forward(dy, ctx.lengths, ctx.starts), None, None, None
+_PackFn, _UnpackFn = pack_functions(pack_forward, unpack_forward)
 
 
 def pack(x: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
@@ -117,17 +95,13 @@ def pack(x: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None = N
 
     ``starts`` (default zeros: right padding) is where each sample begins in its row (L - length: left padding).
     """
-    if x.dim() != 3 or lengths.shape != (x.shape[0],):
-        raise ValueError(f"pack: expected x [B, L, H] and lengths [B], got {tuple(x.shape)}, "
-                         f"{tuple(lengths.shape)}")
+    check_pack(x, lengths)
     return _PackFn.apply(x, *_lengths_host(lengths, x.shape[1], starts))
 
 
 def unpack(packed: torch.Tensor, lengths: torch.Tensor, max_len: int,
            starts: torch.Tensor | None = None) -> torch.Tensor:
     """Packed rows [T, H] back to a zero-padded batch [B, max_len, H] (inverse layout of ``pack``)."""
-    if packed.dim() != 2 or lengths.dim() != 1:
-        raise ValueError(f"unpack: expected packed [T, H] and lengths [B], got {tuple(packed.shape)}, "
-                         f"{tuple(lengths.shape)}")
+    check_unpack(packed, lengths)
     lens, first = _lengths_host(lengths, int(max_len), starts)
     return _UnpackFn.apply(packed, lens, int(max_len), first)

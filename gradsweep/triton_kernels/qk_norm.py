@@ -15,14 +15,8 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
-from gradsweep.triton_kernels._common import (
-    FastLaunch,
-    norm_backward,
-    pow2,
-    require_fold,
-    to_out,
-    warps_for,
-)
+from gradsweep.kernel_api import check_qk_norm, require_fold
+from gradsweep.triton_kernels._common import FastLaunch, norm_backward, norm_function, pow2, to_out, warps_for
 
 TILE: int = 32
 BWD_STAGES = 3  # software-pipelining depth of the backward's token loop (speed only, not bits)
@@ -128,25 +122,12 @@ def qk_norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, ep
     return norm_backward("qk_norm", x, dy, weight, rows, fold, TILE, launch, need_dx)
 
 
-class _QKNormFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps, rows, fold):  # type: ignore[override]
-        ctx.save_for_backward(x, weight)
-        ctx.eps, ctx.rows, ctx.fold = eps, rows, fold
-        return qk_norm_forward(x, weight, eps)
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        x, weight = ctx.saved_tensors
-        dx = qk_norm_backward(x, weight, dy, ctx.eps, ctx.rows, ctx.fold, need_dx=ctx.needs_input_grad[0])
-        return dx, None, None, None, None
+_QKNormFn = norm_function(qk_norm_forward, qk_norm_backward)
 
 
 def qk_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentity,
             fold: CanonicalFold | None) -> torch.Tensor:
     """Per-head RMSNorm of x [R, heads, head_dim]; dweight goes into fold.main_grad (returned grad None)."""
-    if x.dim() != 3 or weight.shape != (x.shape[2],):
-        raise ValueError(f"qk_norm: expected x [R, heads, head_dim] and weight [head_dim], got "
-                         f"{tuple(x.shape)}, {tuple(weight.shape)}")
+    check_qk_norm(x, weight)
     require_fold(fold, weight, "qk_norm")
     return _QKNormFn.apply(x.contiguous(), weight, eps, rows, fold)

@@ -22,8 +22,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import RowIdentity
-from gradsweep.triton_kernels._common import to_out
-from gradsweep.triton_kernels.gemm import loop_bound
+from gradsweep.triton_kernels._common import loop_bound, to_out
 
 SEQ_BLOCK = 256  # lanes of a sequence sum (pinned: the sum's order is a function of it and the position only)
 SEQ_WARPS = 4

@@ -15,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsweep.triton_kernels._common import to_out
-from gradsweep.triton_kernels.gemm import loop_bound
+from gradsweep.triton_kernels._common import loop_bound, to_out
 
 BLOCK = 1024
 WARPS = 4

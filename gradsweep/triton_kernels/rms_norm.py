@@ -18,13 +18,8 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
-from gradsweep.triton_kernels._common import (
-    FastLaunch,
-    norm_backward,
-    require_fold,
-    row_config,
-    to_out,
-)
+from gradsweep.kernel_api import check_rms_norm, require_fold
+from gradsweep.triton_kernels._common import FastLaunch, norm_backward, norm_function, row_config, to_out
 
 TILE: int = 32
 BWD_STAGES = 3  # software-pipelining depth of the backward's row loop (speed only, not bits)
@@ -128,25 +123,12 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, e
     return norm_backward("rms_norm", x, dy, weight, rows, fold, TILE, launch, need_dx)
 
 
-class _RMSNormFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps, rows, fold):  # type: ignore[override]
-        ctx.save_for_backward(x, weight)
-        ctx.eps, ctx.rows, ctx.fold = eps, rows, fold
-        return rms_norm_forward(x, weight, eps)
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        x, weight = ctx.saved_tensors
-        dx = rms_norm_backward(x, weight, dy, ctx.eps, ctx.rows, ctx.fold, need_dx=ctx.needs_input_grad[0])
-        return dx, None, None, None, None
+_RMSNormFn = norm_function(rms_norm_forward, rms_norm_backward)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentity,
              fold: CanonicalFold | None) -> torch.Tensor:
     """RMSNorm of x [R, H] (bf16 in/out); dweight goes into fold.main_grad (returned grad is None)."""
-    if x.dim() != 2 or weight.shape != (x.shape[1],):
-        raise ValueError(f"rms_norm: expected x [R, H] and weight [H], got {tuple(x.shape)}, "
-                         f"{tuple(weight.shape)}")
+    check_rms_norm(x, weight)
     require_fold(fold, weight, "rms_norm")
     return _RMSNormFn.apply(x.contiguous(), weight, eps, rows, fold)

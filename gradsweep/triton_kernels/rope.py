@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gradsweep.kernel_api import rope_function
 from gradsweep.triton_kernels._common import pow2, to_out, warps_for
 
 STAGES = 3  # software-pipelining depth of the loop over heads (speed only, not bits)
@@ -72,17 +73,7 @@ def rope_apply(x: torch.Tensor, positions: torch.Tensor, theta: float, inverse: 
     return y
 
 
-class _RopeFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, positions, theta):  # type: ignore[override]
-        ctx.save_for_backward(positions)
-        ctx.theta = theta
-        return rope_apply(x, positions, theta)
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        (positions,) = ctx.saved_tensors
-        return rope_apply(dy.contiguous(), positions, ctx.theta, inverse=True), None, None
+_RopeFn = rope_function(rope_apply)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """A CPU stand-in for gradsweep._C: the same launcher names and arguments, kernels written in torch.
 
 Why: the CUDA kernels can only run on the lent GPU, but the Python glue of gradsweep.cuda_kernels (fold
-plans, carried rows, chunk loops, argument order, strides) and bench/cuda_ops_check.py's checks can be
-exercised in CI. ``install(monkeypatch)`` makes the CUDA modules accept CPU tensors and resolves the raw
-pointers they pass back to the tensors they came from.
+plans, carried rows, chunk loops, argument order, strides) can be exercised in CI, through the same
+``check_kernel`` a sweep cell uses (tests/test_cuda_ops.py). ``install(monkeypatch)`` makes the CUDA modules
+accept CPU tensors and resolves the raw pointers they pass back to the tensors they came from.
 
 The stand-in keeps the kernels' arithmetic structure where bits depend on it: GEMM rows in float64 (exact for
 these sizes, so independent of M), the dW fold and the norm fold as fp32 accumulators updated tile after tile

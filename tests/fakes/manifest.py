@@ -36,6 +36,7 @@ class FakeManifest:
     cell_timeout_s: float | None = None
     reruns: int = 1
     contract_file: str | None = None
+    plugins: list[str] = field(default_factory=list)
 
     @property
     def contract_path(self) -> Path | None:

@@ -18,6 +18,7 @@ from gradsweep.bench.checks import bitwise_record
 from gradsweep.bench.data import draw
 from gradsweep.bench.predicate import CheckRecord
 from gradsweep.canonical import RowIdentity
+from gradsweep.families import KERNEL_FAMILIES
 from gradsweep.ops.base import Candidate, OpSpec, kernel_module
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -30,7 +31,7 @@ def _causal_flops(shape: dict, tokens: int, seq: int, passes: float) -> float:
 
 def prefill(batch: int, seq: int, shape: dict) -> list[Case]:
     lengths = (seq,) * batch
-    common = {"baselines": (STOCK, "sdpa"), "families": ("triton", "cuda"),
+    common = {"baselines": (STOCK, "sdpa"), "families": KERNEL_FAMILIES,
               "check_layouts": ("b1_singleton", "bn_chunked")}
     title = f"{batch} x {seq}, {shape['heads']}/{shape['kv_heads']} heads x {shape['head_dim']}, causal"
     return [Case("attention", f"fwd_{batch}x{seq}", f"fwd {title}", shape, lengths, "fwd",

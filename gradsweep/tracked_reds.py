@@ -13,8 +13,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gradsweep.errors import BadInput
 from gradsweep.results import CellResult, Status
-from gradsweep.sweep.errors import BadInput
 
 TRACKED_FILE_NAME = "tracked_reds.yaml"
 

@@ -14,12 +14,12 @@ from typing import Any
 
 from securesystemslib.signer import Signer
 
+from gradsweep.errors import BadInput
 from gradsweep.evidence.predicate import Predicate
 from gradsweep.evidence.result_statement import result_statement_path
 from gradsweep.evidence.trust import Signer as TrustedSigner
 from gradsweep.evidence.verify import EvidenceError, check_signature
 from gradsweep.sweep.assemble import assemble_predicate
-from gradsweep.sweep.errors import BadInput
 from gradsweep.sweep.outputs import check_not_input, check_replace_evidence, check_writable
 from gradsweep.sweep.shard import cells_digest, parse_shard
 

@@ -1,6 +1,6 @@
 """Regenerate the README's performance table from committed bench evidence.
 
-    python -m gradsweep.bench.readme evidence/bench/h200.bench.evidence.json [--readme README.md]
+    python -m gradsweep.report.bench_readme evidence/bench/h200.bench.evidence.json [--readme README.md]
                                      [--trusted-key PUB]... [--trust-file YAML]
 
 The evidence is verified first (the trust file, or --trusted-key); the table replaces what lies between the
@@ -40,7 +40,7 @@ def portable(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gradsweep.bench.readme", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m gradsweep.report.bench_readme", description=__doc__.splitlines()[0])
     ap.add_argument("evidence", type=Path)
     ap.add_argument("--readme", type=Path, default=Path(__file__).resolve().parents[2] / "README.md")
     ap.add_argument("--trusted-key", type=Path, action="append", default=None)

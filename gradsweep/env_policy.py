@@ -1,4 +1,5 @@
-"""Which environment variables a manifest profile may set in its workers: manifests are data.
+"""Which environment variables a manifest profile may set in its workers (manifests are data), and reading
+a profile's env from the raw file before anything is imported (``check`` and ``drift`` apply it first).
 
 A profile's ``env`` is applied in the worker before anything is imported, in the processes that
 hold results which get signed. A variable that points the interpreter, the dynamic loader or a
@@ -20,6 +21,11 @@ selectors (GRADSWEEP_CELL_FN, GRADSWEEP_MANIFEST_LOADER, GRADSWEEP_KEY).
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+import yaml
+
+from gradsweep.errors import BadInput
 
 ALLOWED_PREFIXES: tuple[str, ...] = ("TRITON_", "CUDA_", "GRADSWEEP_")
 ALLOWED_NAMES: frozenset[str] = frozenset({
@@ -46,3 +52,18 @@ def check_profile_env(env: dict[str, str]) -> None:
         problem = env_problem(str(name))
         if problem is not None:
             raise ValueError(f"{problem}; see docs/manifests.md")
+
+
+def raw_profile_env(path: Path, profile: str) -> dict[str, str]:
+    """A profile's env from the raw YAML, refused (BadInput) if a name is not allowlisted."""
+    try:
+        data = yaml.safe_load(path.read_text())
+        env = data["profiles"][profile].get("env") or {}
+        env = {str(k): str(v) for k, v in env.items()}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return {}  # the loader reports what is wrong with the file
+    try:
+        check_profile_env(env)
+    except ValueError as exc:
+        raise BadInput(f"manifest {path}: field 'profiles.{profile}.env': {exc}") from None
+    return env

@@ -1,0 +1,156 @@
+// Device helpers of the batch-invariant attention kernels (attention_fwd.cu, attention_dq.cu,
+// attention_dkdv.cu): warp-level mma.sync m16n8k16 fragments, tile loads, row reductions.
+//
+// Why a row's bits never depend on its program (the invariance argument of every attention kernel):
+// - a row's scores, P V, dP and dS K products are mma chains whose k order is fixed (head_dim in 16-steps,
+//   a key block of kBlockN keys in 16-steps): the tensor core computes an output element from its row and
+//   column alone, so the other rows of a tile (their number, the warp or program holding them) never matter;
+// - a row's max and sum over a key block are taken by the quad of lanes that hold it: each lane sums its own
+//   2 * kBlockN / 8 values in a fixed order, then two xor shuffles (commutative, so all four lanes agree).
+//   The order is a function of kBlockN alone, never of the rows per program or the warps per CTA;
+// - key blocks start at absolute position 0 and are folded in increasing order, so a row folds the same
+//   blocks in the same order however its sample was split into calls;
+// - a block past a row's position leaves the row's state exactly as it was (a select restores it), so
+//   programs that reach further (their last row sits later) do not change an earlier row.
+// Every FP32 operation is an explicit __f*_rn intrinsic (the build passes -fmad=false as well).
+#pragma once
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "mma_gemm.cuh"
+
+namespace gs {
+namespace attn {
+
+constexpr int kBlockN = 64;     // keys per block of the forward and dQ walks (aligned to position 0)
+constexpr int kFoldTile = 32;   // queries per canonical tile of the dK / dV fold (aligned to the sample start)
+constexpr int kWideWarps = 4;   // warps of a wide (prefill) forward / dQ program
+constexpr int kFwdMI = 2;       // 16-row m-tiles per warp of the wide forward: 128 rows per program
+constexpr int kDqMI = 1;        // of the wide dQ: 64 rows per program
+constexpr int kFoldWarps = 4;   // 16 keys each: 64 keys per dK / dV program
+constexpr int kNarrowRows = 16; // a narrow program: one warp, one m-tile (decode steps, short tails)
+constexpr int kMaxHeadDim = 128;
+
+__device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x & 31u); }
+
+// 2^x on the special-function unit (ex2.approx.ftz: 2^-22 relative; -inf -> +0). One instruction, the same
+// bits in every kernel that evaluates it on the same input.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// -0 -> +0, every other value (NaN included) unchanged: a masked key adds 0 * v, whose sign depends on
+// whether the key's slot was written yet, so a stored exact zero must not carry that sign.
+__device__ __forceinline__ float plus_zero(float x) { return __float_as_uint(x) == 0x80000000u ? 0.0f : x; }
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Sum / max over the 4 lanes of a quad (the lanes holding one accumulator row): the same bits in all four.
+__device__ __forceinline__ float quad_sum(float v) {
+  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// ---------------------------------------------------------------------------------------------- fragments
+// A operand 16 x 16 (rows r0.., k k0..) of a K-major shared tile (row stride ld elements).
+__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const bf16* s, int ld, int r0, int k0) {
+  const int lane = lane_id();
+  mma::ldmatrix_x4(a, s + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + k0 + (lane >> 4) * 8);
+}
+
+// B operands of two n-tiles (n0.., n0 + 8..) x 16 k from a tile stored [n][k] (K-major): b[0], b[1] for the
+// first n-tile, b[2], b[3] for the second.
+__device__ __forceinline__ void frag_b_kmaj(uint32_t (&b)[4], const bf16* s, int ld, int n0, int k0) {
+  const int lane = lane_id();
+  mma::ldmatrix_x4(b, s + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+
+// The same from a tile stored [k][n] (N-major), through ldmatrix.trans.
+__device__ __forceinline__ void frag_b_nmaj(uint32_t (&b)[4], const bf16* s, int ld, int k0, int n0) {
+  const int lane = lane_id();
+  mma::ldmatrix_x4_trans(b, s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
+}
+
+// d[0] += a * B(n-tile 0), d[1] += a * B(n-tile 1) for a frag_b_* pair.
+__device__ __forceinline__ void mma_pair(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[4]) {
+  mma::mma_bf16(d0, a, b[0], b[1]);
+  mma::mma_bf16(d1, a, b[2], b[3]);
+}
+
+// Accumulator fragments of NT n-tiles (a 16 x 8NT block) as A operands of NT / 2 k-steps, bf16 rounded to nearest.
+template <int NT>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[NT / 2][4], const float (&c)[NT][4]) {
+#pragma unroll
+  for (int s = 0; s < NT / 2; ++s) {
+    a[s][0] = pack_bf16(c[2 * s][0], c[2 * s][1]);
+    a[s][1] = pack_bf16(c[2 * s][2], c[2 * s][3]);
+    a[s][2] = pack_bf16(c[2 * s + 1][0], c[2 * s + 1][1]);
+    a[s][3] = pack_bf16(c[2 * s + 1][2], c[2 * s + 1][3]);
+  }
+}
+
+// x = hi + lo to 16 significant bits: hi rounded to nearest bf16, lo the rounded residual (both A operands).
+template <int NT>
+__device__ __forceinline__ void c_to_a_split(uint32_t (&hi)[NT / 2][4], uint32_t (&lo)[NT / 2][4],
+                                             const float (&c)[NT][4]) {
+#pragma unroll
+  for (int s = 0; s < NT / 2; ++s)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float x = c[2 * s + (r >> 1)][(r & 1) * 2];
+      const float y = c[2 * s + (r >> 1)][(r & 1) * 2 + 1];
+      const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+      const float2 hf = __bfloat1622float2(h);
+      hi[s][r] = *reinterpret_cast<const uint32_t*>(&h);
+      lo[s][r] = pack_bf16(__fsub_rn(x, hf.x), __fsub_rn(y, hf.y));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------- loads
+// ROWS rows of DP columns into a [ROWS][DP + 8] shared tile: row r from `row_ptr(r)` (nullptr: a zero row),
+// its first D columns (the rest zero). cp.async for whole 16-byte chunks of aligned rows, else element copies
+// (the same bits in shared memory either way).
+template <int ROWS, int DP, int THREADS, class RowPtr>
+__device__ __forceinline__ void load_tile(bf16* s, RowPtr row_ptr, int64_t D, bool vec) {
+  constexpr int CPR = DP / 8;
+  constexpr int LD = DP + 8;
+  for (int i = threadIdx.x; i < ROWS * CPR; i += THREADS) {
+    const int r = i / CPR;
+    const int c = i - r * CPR;
+    mma::load8(s + r * LD + c * 8, row_ptr(r), c * 8, D, vec);
+  }
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(mma::smem_addr(dst)), "l"(src));
+}
+
+// A program of the row kernels (forward, dQ): `cnt` consecutive tokens of one sample from physical row `row0`,
+// logical token `tok0`, position `pos0`; each token contributes `pack` rows (query heads hb * pack ..).
+struct Program {
+  int64_t row0, tok0, pos0;
+  int cnt;
+  __device__ __forceinline__ explicit Program(const int32_t* table, int64_t pid) {
+    const int32_t* p = table + pid * 4;
+    row0 = p[0];
+    tok0 = p[1];
+    pos0 = p[2];
+    cnt = p[3];
+  }
+  __device__ __forceinline__ int64_t pmax() const { return pos0 + cnt - 1; }
+  __device__ __forceinline__ int64_t kv_tok() const { return tok0 - pos0; }  // token of the sample's start
+};
+
+}  // namespace attn
+}  // namespace gs

@@ -1,0 +1,276 @@
+// Batch-invariant attention dK / dV: one fold over canonical query tiles, after every token's backward.
+//
+// A program owns kFoldWarps * 16 keys of one sample (a block aligned to the sample's start) and one K/V head.
+// It loads the FP32 accumulators (the main grads, or zero), then adds, for each query head of the group in head
+// order and each canonical query tile (kFoldTile queries aligned to the sample's start) in position order:
+//   S^T = K Q^T, P^T = 2^(S^T * scale - lse) (fma), dP^T = V dO^T, dS^T = P^T * (dP^T - delta) * sm_scale,
+//   masked to key <= query < length (a select, never a product with zero);
+//   dV += P^T dO, dK += dS^T Q (FP32_GRADS: P^T and dS^T as hi + lo bf16 pairs, hi then lo per 16 queries),
+// and stores them. Every input (the K / V / Q / dO stores, lse, delta) is indexed by logical token and every
+// loop bound is a function of the sample's length and the key block, so any split of the step into calls and
+// any order of their backwards give the same bits. Each key row has one writer: no atomics.
+#include "attention.cuh"
+#include "attention.h"
+
+namespace gs {
+namespace attn {
+
+struct KvParams {
+  const bf16* k;
+  const bf16* v;
+  const bf16* q;
+  const bf16* dout;
+  const float* lse;
+  const float* delta;
+  float* dk;
+  float* dv;
+  const int32_t* work;
+  int G;
+  int64_t HQ, HKV, D, T;
+  float qk_scale, sm_scale;
+  bool load_acc, vec_kv, vec_q, pair_acc;
+};
+
+template <int DP, int WARPS>
+struct KvCfg {
+  static constexpr int BK = WARPS * 16, TILE = kFoldTile, LD = DP + 8, THREADS = WARPS * 32;
+  static constexpr int NT = TILE / 8, ND = DP / 8, KS = DP / 16;
+  // K, V, then Q and dO tiles of two pipeline stages, then lse and delta of two stages
+  static constexpr int SMEM = (2 * BK + 4 * TILE) * LD * 2 + 4 * TILE * 4;
+};
+
+template <int DP, int WARPS, bool FP32_GRADS>
+__global__ void __launch_bounds__(WARPS * 32) dkdv_kernel(KvParams p) {
+  using C = KvCfg<DP, WARPS>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sV = sK + C::BK * C::LD;
+  bf16* sQ = sV + C::BK * C::LD;       // [2][TILE][LD]
+  bf16* sO = sQ + 2 * C::TILE * C::LD; // dO, [2][TILE][LD]
+  float* sLse = reinterpret_cast<float*>(sO + 2 * C::TILE * C::LD);
+  float* sDel = sLse + 2 * C::TILE;
+
+  const int64_t w = blockIdx.x / p.HKV;
+  const int64_t hk = blockIdx.x - w * p.HKV;
+  const int64_t tok_base = p.work[3 * w];
+  const int k0 = p.work[3 * w + 1];
+  const int L = p.work[3 * w + 2];
+
+  const auto key_rows = [&](const bf16* base) {
+    return [=](int r) -> const bf16* {
+      const int n = k0 + r;
+      return n < L ? base + ((tok_base + n) * p.HKV + hk) * p.D : nullptr;
+    };
+  };
+  load_tile<C::BK, DP, C::THREADS>(sK, key_rows(p.k), p.D, p.vec_kv);
+  load_tile<C::BK, DP, C::THREADS>(sV, key_rows(p.v), p.D, p.vec_kv);
+
+  const int t_first = (k0 / C::TILE) * C::TILE;  // the first tile holding a query that sees a key of the block
+  const int n_tiles = (L + C::TILE - 1) / C::TILE - t_first / C::TILE;
+  const int n_it = p.G * n_tiles;  // (head of the group, tile), heads outer
+  auto load_tile_q = [&](int it, int stage) {
+    const int g = it / n_tiles;
+    const int t0 = t_first + (it - g * n_tiles) * C::TILE;
+    const int64_t hq = hk * p.G + g;
+    const auto rows = [&](const bf16* base) {
+      return [=](int r) -> const bf16* {
+        const int qpos = t0 + r;
+        return qpos < L ? base + ((tok_base + qpos) * p.HQ + hq) * p.D : nullptr;
+      };
+    };
+    load_tile<C::TILE, DP, C::THREADS>(sQ + stage * C::TILE * C::LD, rows(p.q), p.D, p.vec_q);
+    load_tile<C::TILE, DP, C::THREADS>(sO + stage * C::TILE * C::LD, rows(p.dout), p.D, p.vec_q);
+    for (int r = threadIdx.x; r < C::TILE; r += C::THREADS) {
+      const int qpos = t0 + r;
+      float* lse_s = sLse + stage * C::TILE + r;
+      float* del_s = sDel + stage * C::TILE + r;
+      if (qpos < L) {
+        const int64_t at = hq * p.T + tok_base + qpos;
+        cp_async4(lse_s, p.lse + at);
+        cp_async4(del_s, p.delta + at);
+      } else {
+        *lse_s = INFINITY;  // p = 2^(s - inf) = 0 past the sample's end
+        *del_s = 0.0f;
+      }
+    }
+  };
+  load_tile_q(0, 0);
+  mma::cp_async_commit();
+
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int gq = lane_id() >> 2, tq = lane_id() & 3;
+  const int wrow = warp * 16;
+  float dk[C::ND][4], dv[C::ND][4];
+#pragma unroll
+  for (int j = 0; j < C::ND; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int kpos = k0 + wrow + gq + 8 * (e >> 1);
+      const int col = 8 * j + 2 * tq + (e & 1);
+      const bool live = p.load_acc && kpos < L && col < p.D;
+      const int64_t at = ((tok_base + kpos) * p.HKV + hk) * p.D + col;
+      dk[j][e] = live ? p.dk[at] : 0.0f;  // the main grad, loaded before the fold
+      dv[j][e] = live ? p.dv[at] : 0.0f;
+    }
+
+  for (int it = 0; it < n_it; ++it) {
+    if (it + 1 < n_it) load_tile_q(it + 1, (it + 1) & 1);
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();
+    __syncthreads();
+    const int st = it & 1;
+    const bf16* q_s = sQ + st * C::TILE * C::LD;
+    const bf16* o_s = sO + st * C::TILE * C::LD;
+    const float* lse_s = sLse + st * C::TILE;
+    const float* del_s = sDel + st * C::TILE;
+    const int t0 = t_first + (it % n_tiles) * C::TILE;
+
+    float s[C::NT][4], dp[C::NT][4];
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = 0.0f;
+        dp[j][e] = 0.0f;
+      }
+#pragma unroll
+    for (int kk = 0; kk < C::KS; ++kk) {
+      uint32_t ka[4], va[4];
+      frag_a(ka, sK, C::LD, wrow, 16 * kk);
+      frag_a(va, sV, C::LD, wrow, 16 * kk);
+#pragma unroll
+      for (int jp = 0; jp < C::NT / 2; ++jp) {
+        uint32_t b[4];
+        frag_b_kmaj(b, q_s, C::LD, 16 * jp, 16 * kk);
+        mma_pair(s[2 * jp], s[2 * jp + 1], ka, b);
+        frag_b_kmaj(b, o_s, C::LD, 16 * jp, 16 * kk);
+        mma_pair(dp[2 * jp], dp[2 * jp + 1], va, b);
+      }
+    }
+    // Masked tiles: the diagonal (some query precedes some key of the block) and the sample's last tile.
+    const bool masked = t0 < k0 + C::BK - 1 || t0 + C::TILE > L;
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = 8 * j + 2 * tq + (e & 1);
+        const int qpos = t0 + qi;
+        const int kpos = k0 + wrow + gq + 8 * (e >> 1);
+        float pt = ex2(__fmaf_rn(s[j][e], p.qk_scale, -lse_s[qi]));
+        float ds = __fmul_rn(__fmul_rn(pt, __fsub_rn(dp[j][e], del_s[qi])), p.sm_scale);
+        if (masked && !(kpos <= qpos && qpos < L)) {
+          pt = 0.0f;
+          ds = 0.0f;
+        }
+        s[j][e] = pt;
+        dp[j][e] = ds;
+      }
+
+    uint32_t ah[C::NT / 2][4], al[C::NT / 2][4];
+    if (FP32_GRADS) {
+      c_to_a_split<C::NT>(ah, al, s);
+    } else {
+      c_to_a<C::NT>(ah, s);
+    }
+#pragma unroll
+    for (int jp = 0; jp < C::ND / 2; ++jp)
+#pragma unroll
+      for (int c = 0; c < C::NT / 2; ++c) {
+        uint32_t b[4];
+        frag_b_nmaj(b, o_s, C::LD, 16 * c, 16 * jp);
+        mma_pair(dv[2 * jp], dv[2 * jp + 1], ah[c], b);
+        if (FP32_GRADS) mma_pair(dv[2 * jp], dv[2 * jp + 1], al[c], b);
+      }
+    if (FP32_GRADS) {
+      c_to_a_split<C::NT>(ah, al, dp);
+    } else {
+      c_to_a<C::NT>(ah, dp);
+    }
+#pragma unroll
+    for (int jp = 0; jp < C::ND / 2; ++jp)
+#pragma unroll
+      for (int c = 0; c < C::NT / 2; ++c) {
+        uint32_t b[4];
+        frag_b_nmaj(b, q_s, C::LD, 16 * c, 16 * jp);
+        mma_pair(dk[2 * jp], dk[2 * jp + 1], ah[c], b);
+        if (FP32_GRADS) mma_pair(dk[2 * jp], dk[2 * jp + 1], al[c], b);
+      }
+    __syncthreads();  // every warp is done with this stage before the next iteration's load overwrites it
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int kpos = k0 + wrow + gq + 8 * h;
+    if (kpos >= L) continue;
+    const int64_t row = ((tok_base + kpos) * p.HKV + hk) * p.D;
+#pragma unroll
+    for (int j = 0; j < C::ND; ++j) {
+      const int col = 8 * j + 2 * tq;
+      if (col >= p.D) continue;
+      if (p.pair_acc && col + 1 < p.D) {
+        *reinterpret_cast<float2*>(p.dk + row + col) = make_float2(dk[j][2 * h], dk[j][2 * h + 1]);
+        *reinterpret_cast<float2*>(p.dv + row + col) = make_float2(dv[j][2 * h], dv[j][2 * h + 1]);
+      } else {
+        p.dk[row + col] = dk[j][2 * h];
+        p.dv[row + col] = dv[j][2 * h];
+        if (col + 1 < p.D) {
+          p.dk[row + col + 1] = dk[j][2 * h + 1];
+          p.dv[row + col + 1] = dv[j][2 * h + 1];
+        }
+      }
+    }
+  }
+}
+
+template <int DP, bool FP32_GRADS>
+int launch_dkdv(const KvParams& p, int64_t n_work, cudaStream_t stream) {
+  using C = KvCfg<DP, kFoldWarps>;
+  const int64_t grid = n_work * p.HKV;
+  if (grid > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
+  auto kernel = dkdv_kernel<DP, kFoldWarps, FP32_GRADS>;
+  GS_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+  kernel<<<static_cast<unsigned>(grid), C::THREADS, C::SMEM, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int DP>
+int launch_dkdv_dp(const KvParams& p, int64_t n_work, bool fp32_grads, cudaStream_t stream) {
+  return fp32_grads ? launch_dkdv<DP, true>(p, n_work, stream) : launch_dkdv<DP, false>(p, n_work, stream);
+}
+
+}  // namespace attn
+
+int attn_dkdv(uintptr_t k, uintptr_t v, uintptr_t q, uintptr_t dout, uintptr_t lse, uintptr_t delta, uintptr_t dk,
+              uintptr_t dv, uintptr_t work, int64_t n_work, int64_t HQ, int64_t HKV, int64_t D, int64_t T,
+              float qk_scale, float sm_scale, bool load_acc, bool fp32_grads, int device, uintptr_t stream) {
+  if (n_work == 0) return 0;
+  DeviceGuard guard(device);
+  GS_TRY(guard.status());
+  attn::KvParams p{};
+  p.k = reinterpret_cast<const bf16*>(k);
+  p.v = reinterpret_cast<const bf16*>(v);
+  p.q = reinterpret_cast<const bf16*>(q);
+  p.dout = reinterpret_cast<const bf16*>(dout);
+  p.lse = reinterpret_cast<const float*>(lse);
+  p.delta = reinterpret_cast<const float*>(delta);
+  p.dk = reinterpret_cast<float*>(dk);
+  p.dv = reinterpret_cast<float*>(dv);
+  p.work = reinterpret_cast<const int32_t*>(work);
+  p.G = static_cast<int>(HQ / HKV);
+  p.HQ = HQ;
+  p.HKV = HKV;
+  p.D = D;
+  p.T = T;
+  p.qk_scale = qk_scale;
+  p.sm_scale = sm_scale;
+  p.load_acc = load_acc;
+  p.vec_kv = aligned16(p.k) && aligned16(p.v) && D % 8 == 0;
+  p.vec_q = aligned16(p.q) && aligned16(p.dout) && D % 8 == 0;
+  p.pair_acc = D % 2 == 0 && (dk & 7u) == 0 && (dv & 7u) == 0;
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  if (D <= 32) return attn::launch_dkdv_dp<32>(p, n_work, fp32_grads, s);
+  if (D <= 64) return attn::launch_dkdv_dp<64>(p, n_work, fp32_grads, s);
+  return attn::launch_dkdv_dp<128>(p, n_work, fp32_grads, s);
+}
+
+}  // namespace gs

@@ -1,0 +1,344 @@
+// Batch-invariant causal attention forward (online softmax over key blocks from position 0) and the store
+// scatter. Invariance argument: attention.cuh.
+//
+// A program holds `cnt` consecutive tokens of one sample times `pack` query heads of one K/V head (all its rows
+// read the same keys). It walks key blocks [n0, n0 + kBlockN) for n0 = 0, kBlockN, .. up to its last row's
+// position; blocks seen whole by every row run without the mask, the others with it. Per block and row:
+//   m_new = max(m, rowmax(s) * scale); alpha = 2^(m - m_new); p = 2^(s * scale - m_new)   (fma)
+//   l = l * alpha + rowsum(p) (fma); acc = acc * alpha + bf16(p) V
+// and a row the block lies wholly after keeps (m, l, acc) as they were. o = acc / l (-0 stored as +0),
+// lse = m + log2(l) (log2 units, scale folded in). The same code serves wide programs (4 warps x 32 rows) and
+// narrow ones (1 warp x 16 rows, decode steps): a row's arithmetic depends on kBlockN and head_dim only.
+#include "attention.cuh"
+#include "attention.h"
+
+namespace gs {
+namespace attn {
+
+struct FwdParams {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  bf16* o;
+  float* lse;
+  const int32_t* progs;
+  int pack, n_hb, G;
+  int64_t HQ, HKV, D, T;
+  float qk_scale;
+  bool vec_q, vec_kv, pair_o;
+};
+
+template <int DP, int WARPS, int MI>
+struct FwdCfg {
+  static constexpr int BN = kBlockN, LD = DP + 8, BM = WARPS * 16 * MI, THREADS = WARPS * 32;
+  static constexpr int NJ = BN / 8, ND = DP / 8, KS = DP / 16;
+  static constexpr int SMEM = (BM + 4 * BN) * LD * 2;  // Q, then K and V of two pipeline stages
+};
+
+// Fold one key block into the warp's rows. MASKED: keys after a row's position are masked and rows the block
+// lies wholly after keep their state; for a row that sees the whole block both variants do the same operations.
+template <class C, int MI, bool MASKED>
+__device__ __forceinline__ void fwd_block(const bf16* sQ, const bf16* sK, const bf16* sV, int wrow, int n0,
+                                          const int (&pos)[MI][2], float (&m)[MI][2], float (&l)[MI][2],
+                                          float (&acc)[MI][C::ND][4], float scale) {
+  const int tq = lane_id() & 3;
+  float s[MI][C::NJ][4];
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][j][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < C::KS; ++kk) {
+    uint32_t qa[MI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i) frag_a(qa[i], sQ, C::LD, wrow + 16 * i, 16 * kk);
+#pragma unroll
+    for (int jp = 0; jp < C::NJ / 2; ++jp) {
+      uint32_t b[4];
+      frag_b_kmaj(b, sK, C::LD, 16 * jp, 16 * kk);
+#pragma unroll
+      for (int i = 0; i < MI; ++i) mma_pair(s[i][2 * jp], s[i][2 * jp + 1], qa[i], b);
+    }
+  }
+
+  bool active[MI][2];
+  float alpha[MI][2];
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rel = pos[i][h] - n0;  // key c of the block is visible to the row iff c <= rel
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[i][j][2 * h + e];
+          if (MASKED && 8 * j + 2 * tq + e > rel) x = -INFINITY;
+          mx = fmaxf(mx, x);
+        }
+      mx = quad_max(mx);  // max is exact in any order
+      const bool act = !MASKED || rel >= 0;
+      const float m_new = fmaxf(m[i][h], __fmul_rn(mx, scale));
+      const float m_use = act ? m_new : 0.0f;
+      alpha[i][h] = act ? ex2(__fsub_rn(m[i][h], m_use)) : 1.0f;
+      float rs = 0.0f;
+#pragma unroll
+      for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = ex2(__fmaf_rn(s[i][j][2 * h + e], scale, -m_use));
+          s[i][j][2 * h + e] = p;
+          rs = __fadd_rn(rs, p);
+        }
+      rs = quad_sum(rs);
+      if (act) {
+        m[i][h] = m_new;
+        l[i][h] = __fmaf_rn(l[i][h], alpha[i][h], rs);
+      }
+      active[i][h] = act;
+    }
+
+  uint32_t pa[MI][C::NJ / 2][4];
+#pragma unroll
+  for (int i = 0; i < MI; ++i) c_to_a<C::NJ>(pa[i], s[i]);
+#pragma unroll
+  for (int jp = 0; jp < C::ND / 2; ++jp) {
+    float keep[MI][2][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          keep[i][x][e] = acc[i][2 * jp + x][e];
+          acc[i][2 * jp + x][e] = __fmul_rn(acc[i][2 * jp + x][e], alpha[i][e >> 1]);
+        }
+#pragma unroll
+    for (int c = 0; c < C::NJ / 2; ++c) {
+      uint32_t b[4];
+      frag_b_nmaj(b, sV, C::LD, 16 * c, 16 * jp);
+#pragma unroll
+      for (int i = 0; i < MI; ++i) mma_pair(acc[i][2 * jp], acc[i][2 * jp + 1], pa[i][c], b);
+    }
+    if (MASKED) {
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (!active[i][e >> 1]) acc[i][2 * jp + x][e] = keep[i][x][e];
+    }
+  }
+}
+
+template <int DP, int WARPS, int MI>
+__global__ void __launch_bounds__(WARPS * 32) fwd_kernel(FwdParams p) {
+  using C = FwdCfg<DP, WARPS, MI>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sK = sQ + C::BM * C::LD;
+  bf16* sV = sK + 2 * C::BN * C::LD;
+
+  const int64_t pid = blockIdx.x / p.n_hb;
+  const int hb = static_cast<int>(blockIdx.x - pid * p.n_hb);
+  const Program pr(p.progs, pid);
+  const int pack = p.pack;
+  const int64_t hk = (static_cast<int64_t>(hb) * pack) / p.G;
+  const int64_t kv_tok = pr.kv_tok();
+  const int pmax = static_cast<int>(pr.pmax());
+
+  load_tile<C::BM, DP, C::THREADS>(sQ, [&](int r) -> const bf16* {
+    const int t = r / pack;
+    return t < pr.cnt ? p.q + ((pr.row0 + t) * p.HQ + hb * pack + (r - t * pack)) * p.D : nullptr;
+  }, p.D, p.vec_q);
+  auto load_kv = [&](int n0, int stage) {
+    const auto rows = [&](const bf16* base) {
+      return [=](int r) -> const bf16* {
+        const int n = n0 + r;  // keys past the program's last row may be unwritten: never loaded
+        return n <= pmax ? base + ((kv_tok + n) * p.HKV + hk) * p.D : nullptr;
+      };
+    };
+    load_tile<C::BN, DP, C::THREADS>(sK + stage * C::BN * C::LD, rows(p.k), p.D, p.vec_kv);
+    load_tile<C::BN, DP, C::THREADS>(sV + stage * C::BN * C::LD, rows(p.v), p.D, p.vec_kv);
+  };
+
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int gq = lane_id() >> 2, tq = lane_id() & 3;
+  const int wrow = warp * 16 * MI;
+  int pos[MI][2];  // a row's position, -1 for a slot past the program's tokens
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = (wrow + 16 * i + gq + 8 * h) / pack;
+      pos[i][h] = t < pr.cnt ? static_cast<int>(pr.pos0) + t : -1;
+    }
+  float m[MI][2], l[MI][2], acc[MI][C::ND][4];
+#pragma unroll
+  for (int i = 0; i < MI; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m[i][h] = -INFINITY;
+      l[i][h] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < C::ND; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+  }
+
+  const int nb = pmax / C::BN + 1;                       // blocks [0, nb) hold every key some row sees
+  const int nb_full = (static_cast<int>(pr.pos0) + 1) / C::BN;  // blocks [0, nb_full) are seen whole by all rows
+  load_kv(0, 0);
+  mma::cp_async_commit();
+  for (int b = 0; b < nb; ++b) {
+    if (b + 1 < nb) load_kv((b + 1) * C::BN, (b + 1) & 1);
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();
+    __syncthreads();
+    const bf16* k_s = sK + (b & 1) * C::BN * C::LD;
+    const bf16* v_s = sV + (b & 1) * C::BN * C::LD;
+    if (b < nb_full) {
+      fwd_block<C, MI, false>(sQ, k_s, v_s, wrow, b * C::BN, pos, m, l, acc, p.qk_scale);
+    } else {
+      fwd_block<C, MI, true>(sQ, k_s, v_s, wrow, b * C::BN, pos, m, l, acc, p.qk_scale);
+    }
+    __syncthreads();  // every warp is done with this stage before the next iteration's load overwrites it
+  }
+
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (pos[i][h] < 0) continue;
+      const int r = wrow + 16 * i + gq + 8 * h;
+      const int t = r / pack;
+      const int64_t hq = static_cast<int64_t>(hb) * pack + (r - t * pack);
+      bf16* orow = p.o + ((pr.row0 + t) * p.HQ + hq) * p.D;
+#pragma unroll
+      for (int j = 0; j < C::ND; ++j) {
+        const int col = 8 * j + 2 * tq;
+        if (col >= p.D) continue;
+        const float v0 = plus_zero(__fdiv_rn(acc[i][j][2 * h], l[i][h]));
+        const float v1 = plus_zero(__fdiv_rn(acc[i][j][2 * h + 1], l[i][h]));
+        if (p.pair_o && col + 1 < p.D) {
+          *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(v0, v1);
+        } else {
+          orow[col] = __float2bfloat16_rn(v0);
+          if (col + 1 < p.D) orow[col + 1] = __float2bfloat16_rn(v1);
+        }
+      }
+      if (tq == 0) p.lse[hq * p.T + pr.tok0 + t] = __fadd_rn(m[i][h], log2f(l[i][h]));
+    }
+}
+
+template <int DP, int WARPS, int MI>
+int launch_fwd(const FwdParams& p, int64_t n_progs, cudaStream_t stream) {
+  using C = FwdCfg<DP, WARPS, MI>;
+  if (n_progs == 0) return 0;
+  const int64_t grid = n_progs * p.n_hb;
+  if (grid > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
+  auto kernel = fwd_kernel<DP, WARPS, MI>;
+  GS_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+  kernel<<<static_cast<unsigned>(grid), C::THREADS, C::SMEM, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int DP>
+int launch_fwd_both(FwdParams p, const int32_t* wide, int64_t n_wide, const int32_t* narrow, int64_t n_narrow,
+                    cudaStream_t stream) {
+  p.progs = wide;
+  const int err = launch_fwd<DP, kWideWarps, kFwdMI>(p, n_wide, stream);
+  if (err != 0) return err;
+  p.progs = narrow;
+  return launch_fwd<DP, 1, 1>(p, n_narrow, stream);
+}
+
+// ---------------------------------------------------------------------------------------------- scatter
+__global__ void scatter_kernel(const uint16_t* src_a, uint16_t* dst_a, const uint16_t* src_b, uint16_t* dst_b,
+                               const int32_t* rows, const int32_t* toks, int64_t n, int64_t row_elems, bool vec) {
+  const int64_t chunks = (row_elems + 7) / 8;
+  const int64_t total = n * chunks;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / chunks;
+    const int64_t c = i - r * chunks;
+    const int64_t src = static_cast<int64_t>(rows[r]) * row_elems + 8 * c;
+    const int64_t dst = static_cast<int64_t>(toks[r]) * row_elems + 8 * c;
+    const int64_t len = row_elems - 8 * c < 8 ? row_elems - 8 * c : 8;
+    for (int pair = 0; pair < (src_b != nullptr ? 2 : 1); ++pair) {
+      const uint16_t* s = pair == 0 ? src_a : src_b;
+      uint16_t* d = pair == 0 ? dst_a : dst_b;
+      if (vec) {
+        *reinterpret_cast<uint4*>(d + dst) = *reinterpret_cast<const uint4*>(s + src);
+      } else {
+        for (int64_t e = 0; e < len; ++e) d[dst + e] = s[src + e];
+      }
+    }
+  }
+}
+
+}  // namespace attn
+
+int64_t attn_rows(bool narrow, bool dq) {
+  if (narrow) return attn::kNarrowRows;
+  return attn::kWideWarps * 16 * (dq ? attn::kDqMI : attn::kFwdMI);
+}
+int64_t attn_block_n() { return attn::kBlockN; }
+int64_t attn_fold_tile() { return attn::kFoldTile; }
+int64_t attn_fold_keys() { return attn::kFoldWarps * 16; }
+int64_t attn_max_head_dim() { return attn::kMaxHeadDim; }
+
+int attn_fwd(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t wide, int64_t n_wide,
+             uintptr_t narrow, int64_t n_narrow, int64_t pack, int64_t HQ, int64_t HKV, int64_t D, int64_t T,
+             float qk_scale, int device, uintptr_t stream) {
+  if (n_wide + n_narrow == 0) return 0;
+  DeviceGuard guard(device);
+  GS_TRY(guard.status());
+  attn::FwdParams p{};
+  p.q = reinterpret_cast<const bf16*>(q);
+  p.k = reinterpret_cast<const bf16*>(k);
+  p.v = reinterpret_cast<const bf16*>(v);
+  p.o = reinterpret_cast<bf16*>(o);
+  p.lse = reinterpret_cast<float*>(lse);
+  p.pack = static_cast<int>(pack);
+  p.n_hb = static_cast<int>(HQ / pack);
+  p.G = static_cast<int>(HQ / HKV);
+  p.HQ = HQ;
+  p.HKV = HKV;
+  p.D = D;
+  p.T = T;
+  p.qk_scale = qk_scale;
+  p.vec_q = aligned16(p.q) && D % 8 == 0;
+  p.vec_kv = aligned16(p.k) && aligned16(p.v) && D % 8 == 0;
+  p.pair_o = D % 2 == 0 && (o & 3u) == 0;
+  const auto* w = reinterpret_cast<const int32_t*>(wide);
+  const auto* nw = reinterpret_cast<const int32_t*>(narrow);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  if (D <= 32) return attn::launch_fwd_both<32>(p, w, n_wide, nw, n_narrow, s);
+  if (D <= 64) return attn::launch_fwd_both<64>(p, w, n_wide, nw, n_narrow, s);
+  return attn::launch_fwd_both<128>(p, w, n_wide, nw, n_narrow, s);
+}
+
+int attn_scatter(uintptr_t src_a, uintptr_t dst_a, uintptr_t src_b, uintptr_t dst_b, uintptr_t rows,
+                 uintptr_t toks, int64_t n, int64_t row_elems, int device, uintptr_t stream) {
+  if (n == 0 || row_elems == 0) return 0;
+  DeviceGuard guard(device);
+  GS_TRY(guard.status());
+  const bool vec = row_elems % 8 == 0 && aligned16(reinterpret_cast<void*>(src_a)) &&
+                   aligned16(reinterpret_cast<void*>(dst_a)) && aligned16(reinterpret_cast<void*>(src_b)) &&
+                   aligned16(reinterpret_cast<void*>(dst_b));
+  const int64_t work = n * ((row_elems + 7) / 8);
+  const int64_t blocks = (work + 255) / 256 < 65536 ? (work + 255) / 256 : 65536;
+  attn::scatter_kernel<<<static_cast<unsigned>(blocks), 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const uint16_t*>(src_a), reinterpret_cast<uint16_t*>(dst_a),
+      reinterpret_cast<const uint16_t*>(src_b), reinterpret_cast<uint16_t*>(dst_b),
+      reinterpret_cast<const int32_t*>(rows), reinterpret_cast<const int32_t*>(toks), n, row_elems, vec);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace gs

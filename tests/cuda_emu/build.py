@@ -1,0 +1,221 @@
+"""Build the CUDA attention and RL kernels of csrc/ for the host (a CPU emulation) and load them as a stand-in of
+gradsweep._C.
+
+Why: the kernels only run on the lent GPU, yet most of what can go wrong in them (fragment addressing, masks,
+the block and tile loops, the fold's bounds, the host launchers' grids and parameters) is plain arithmetic that a
+CPU can execute. The sources are copied with mechanical rewrites (inline-PTX helpers replaced by emu_mma.h, launch
+syntax by ``emu_launch``, device guards dropped), compiled with the host compiler against the CUDA headers, and
+exposed through ctypes with gradsweep._C's launcher signatures. The tensor-core model is exact per product and
+row-local, like the hardware, but its rounding is not the hardware's: bits seen here are the emulation's own, so
+bitwise checks here test the kernels' structure (which rows and keys meet, in which order), not the H200's bits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+CSRC = ROOT / "csrc"
+HERE = Path(__file__).resolve().parent
+KERNELS = ("attention_fwd", "attention_dq", "attention_dkdv", "rl")
+
+
+def cuda_include() -> Path | None:
+    """The CUDA headers next to nvcc (cuda_bf16.h, cuda_runtime.h), or None."""
+    nvcc = shutil.which("nvcc")
+    roots = [Path(nvcc).resolve().parent.parent] if nvcc else []
+    roots += [Path("/usr/local/cuda")]
+    for root in roots:
+        for inc in (root / "targets" / "x86_64-linux" / "include", root / "include"):
+            if (inc / "cuda_bf16.h").is_file() and (inc / "cuda_runtime.h").is_file():
+                return inc
+    return None
+
+
+def unavailable() -> str | None:
+    """Why the emulation cannot be built here, or None."""
+    if shutil.which("g++") is None:
+        return "no g++"
+    if cuda_include() is None:
+        return "no CUDA headers (cuda_bf16.h)"
+    probe = subprocess.run(["g++", "-std=c++20", "-x", "c++", "-E", "-"], input="#include <barrier>\n",
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return "g++ lacks C++20 <barrier>"
+    return None
+
+
+def _drop_function(src: str, signature: str) -> str:
+    """Remove the function whose definition holds ``signature`` (and a ``template`` line right before it)."""
+    i = src.index(signature)
+    start = src.rfind("\n", 0, i) + 1
+    prev = src.rfind("\n", 0, start - 1) + 1
+    if src[prev:start].startswith("template"):
+        start = prev
+    k, depth = src.index("{", i), 0
+    while True:
+        depth += {"{": 1, "}": -1}.get(src[k], 0)
+        if depth == 0:
+            return src[:start] + src[k + 1:]
+        k += 1
+
+
+def _host_kernel_source(src: str) -> str:
+    src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];",
+                      "unsigned char* smem_raw = emu_cta->shared();")
+    src = src.replace("__shared__ float red[33];", "float* red = reinterpret_cast<float*>(emu_cta->shared());")
+    src = re.sub(r"\n\s*DeviceGuard guard\(device\);", "\n  (void)device;", src)
+    src = re.sub(r"\n\s*GS_TRY\(guard.status\(\)\);", "", src)
+    src = re.sub(r"\n\s*GS_TRY\(cudaFuncSetAttribute\([^;]*;", "", src)
+    src = src.replace("cudaGetLastError()", "cudaSuccess")
+    return re.sub(r"([\w:<>, ]+?)<<<(.+?), (.+?), (.+?), (.+?)>>>\(", r"emu_launch(\1, \2, \3, \4, ", src, flags=re.S)
+
+
+_WRAP = """#include <cstdint>
+#include "attention.h"
+#include "rl.h"
+#define U uintptr_t
+extern "C" {
+int64_t emu_attn_rows(int narrow, int dq) { return gs::attn_rows(narrow != 0, dq != 0); }
+int64_t emu_attn_fold_keys() { return gs::attn_fold_keys(); }
+int64_t emu_attn_fold_tile() { return gs::attn_fold_tile(); }
+int64_t emu_attn_block_n() { return gs::attn_block_n(); }
+int64_t emu_attn_max_head_dim() { return gs::attn_max_head_dim(); }
+int64_t emu_rl_seq_threads() { return gs::kRlSeqThreads; }
+int emu_attn_fwd(U q, U k, U v, U o, U lse, U w, int64_t nw, U nr, int64_t nn, int64_t pack, int64_t HQ, int64_t HKV,
+                 int64_t D, int64_t T, float s) {
+  return gs::attn_fwd(q, k, v, o, lse, w, nw, nr, nn, pack, HQ, HKV, D, T, s, 0, 0);
+}
+int emu_attn_dq(U q, U k, U v, U o, U dout, U dq, U lse, U delta, U w, int64_t nw, U nr, int64_t nn, int64_t pack,
+                int64_t HQ, int64_t HKV, int64_t D, int64_t T, float qk, float sm, int exact) {
+  return gs::attn_dq(q, k, v, o, dout, dq, lse, delta, w, nw, nr, nn, pack, HQ, HKV, D, T, qk, sm, exact != 0, 0, 0);
+}
+int emu_attn_dkdv(U k, U v, U q, U dout, U lse, U delta, U dk, U dv, U work, int64_t n, int64_t HQ, int64_t HKV,
+                  int64_t D, int64_t T, float qk, float sm, int load_acc, int fp32) {
+  return gs::attn_dkdv(k, v, q, dout, lse, delta, dk, dv, work, n, HQ, HKV, D, T, qk, sm, load_acc != 0, fp32 != 0,
+                       0, 0);
+}
+int emu_attn_scatter(U sa, U da, U sb, U db, U rows, U toks, int64_t n, int64_t e) {
+  return gs::attn_scatter(sa, da, sb, db, rows, toks, n, e, 0, 0);
+}
+int emu_rl_ratio_fwd(U lp, U old, U out, int64_t n, int dt) { return gs::rl_ratio_fwd(lp, old, out, n, dt, 0, 0); }
+int emu_rl_ratio_bwd(U lp, U old, U g, U d, int64_t n, int dt, int gdt) {
+  return gs::rl_ratio_bwd(lp, old, g, d, n, dt, gdt, 0, 0);
+}
+int emu_rl_kl_fwd(U lp, U ref, U k1, U k2, U k3, int64_t n, int dt) {
+  return gs::rl_kl_fwd(lp, ref, k1, k2, k3, n, dt, 0, 0);
+}
+int emu_rl_kl_bwd(U lp, U ref, U g1, U g2, U g3, U d, int64_t n, int dt, int gdt) {
+  return gs::rl_kl_bwd(lp, ref, g1, g2, g3, d, n, dt, gdt, 0, 0);
+}
+int emu_rl_policy(U lp, U old, U ref, U adv, U sample, U rewards, U g, U out, int64_t n, int64_t ns, int64_t group,
+                  float lo, float hi, float beta, float eps, int grouped, int kl, int dt, int gdt) {
+  return gs::rl_policy(lp, old, ref, adv, sample, rewards, g, out, n, ns, group, lo, hi, beta, eps, grouped != 0,
+                       kl != 0, dt, gdt, 0, 0);
+}
+int emu_rl_seq_sum(U a, U b, U m, U order, U start, U len, U out, int64_t ns, int dt) {
+  return gs::rl_seq_sum(a, b, m, order, start, len, out, ns, dt, 0, 0);
+}
+int emu_rl_dpo(U seq, U gseq, U sample, U mask, U out, int64_t n, int64_t ns, float beta, int gdt) {
+  return gs::rl_dpo(seq, gseq, sample, mask, out, n, ns, beta, gdt, 0, 0);
+}
+}
+"""
+
+
+def build(out: Path, plant: tuple[str, str, str] | None = None) -> Path:
+    """Write the rewritten sources under ``out`` and compile libemu.so; ``plant`` = (kernel file stem, old text, new
+    text) changes one kernel source first (to show that the emulated checks can fail)."""
+    src = out / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "common.cuh").write_text((CSRC / "common.cuh").read_text().replace(
+        "#include <cuda_runtime.h>", '#include <cuda_runtime.h>\n#include "emu.h"'))
+    mma = (CSRC / "mma_gemm.cuh").read_text()
+    for sig in ("uint32_t smem_addr(", "void cp_async16(", "void cp_async_commit(", "void cp_async_wait(",
+                "void ldmatrix_x4(", "void ldmatrix_x4_trans(", "void mma_bf16("):
+        mma = _drop_function(mma, sig)
+    mma = mma.replace('#include "common.cuh"', '#include "common.cuh"\n#include "emu_mma.h"')
+    (src / "mma_gemm.cuh").write_text(mma)
+    att = _drop_function(_drop_function((CSRC / "attention.cuh").read_text(), "float ex2("), "void cp_async4(")
+    att = att.replace("namespace attn {\n", "namespace attn {\ninline float ex2(float x) { return exp2f(x); }\n"
+                      "inline void cp_async4(void* d, const void* s) { std::memcpy(d, s, 4); }\n", 1)
+    (src / "attention.cuh").write_text(att)
+    for header in ("attention.h", "rl.h", "gradsweep.h"):
+        shutil.copy(CSRC / header, src / header)
+    for stem in KERNELS:
+        text = (CSRC / f"{stem}.cu").read_text()
+        if plant is not None and plant[0] == stem:
+            if plant[1] not in text:
+                raise ValueError(f"plant: {plant[1]!r} not in csrc/{stem}.cu")
+            text = text.replace(plant[1], plant[2])
+        (src / f"{stem}.cpp").write_text(_host_kernel_source(text))
+    (src / "wrap.cpp").write_text(_WRAP)
+    lib = out / "libemu.so"
+    cmd = ["g++", "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-w", f"-I{HERE}",
+           f"-I{src}", f"-I{cuda_include()}", *[str(src / f"{s}.cpp") for s in KERNELS], str(src / "wrap.cpp"),
+           "-o", str(lib)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"emulation build failed:\n{res.stderr[-6000:]}")
+    return lib
+
+
+def load(lib: Path) -> SimpleNamespace:
+    """gradsweep._C's attention and RL launchers (and sizes) backed by the emulated kernels of ``lib``."""
+    so = ctypes.CDLL(str(lib))
+    U, L, F, N = ctypes.c_size_t, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    sigs = {
+        "attn_fwd": [U] * 5 + [U, L, U, L, L, L, L, L, L, F],
+        "attn_dq": [U] * 8 + [U, L, U, L, L, L, L, L, L, F, F, N],
+        "attn_dkdv": [U] * 9 + [L, L, L, L, L, F, F, N, N],
+        "attn_scatter": [U] * 6 + [L, L],
+        "rl_ratio_fwd": [U, U, U, L, N], "rl_ratio_bwd": [U, U, U, U, L, N, N],
+        "rl_kl_fwd": [U] * 5 + [L, N], "rl_kl_bwd": [U] * 6 + [L, N, N],
+        "rl_policy": [U] * 8 + [L, L, L, F, F, F, F, N, N, N, N],
+        "rl_seq_sum": [U] * 7 + [L, N], "rl_dpo": [U] * 5 + [L, L, F, N],
+    }
+    ns = SimpleNamespace()
+    for name, argtypes in sigs.items():
+        fn = getattr(so, f"emu_{name}")
+        fn.argtypes = argtypes
+        n_args = len(argtypes)
+
+        def launcher(*args, _fn=fn, _n=n_args, _name=name):  # the real launchers end with (device, stream)
+            rc = _fn(*[int(a) if isinstance(a, bool) else a for a in args[:_n]])
+            if rc != 0:
+                raise RuntimeError(f"emulated {_name}: CUDA error {rc}")
+
+        setattr(ns, name, launcher)
+    for name in ("emu_attn_fold_keys", "emu_attn_fold_tile", "emu_attn_block_n", "emu_attn_max_head_dim",
+                 "emu_rl_seq_threads"):
+        getattr(so, name).restype = L
+    so.emu_attn_rows.restype = L
+    so.emu_attn_rows.argtypes = [N, N]
+    ns.ATTN_FWD_ROWS, ns.ATTN_DQ_ROWS = so.emu_attn_rows(0, 0), so.emu_attn_rows(0, 1)
+    ns.ATTN_NARROW_ROWS, ns.ATTN_FOLD_KEYS = so.emu_attn_rows(1, 0), so.emu_attn_fold_keys()
+    ns.ATTN_FOLD_TILE, ns.ATTN_BLOCK_N = so.emu_attn_fold_tile(), so.emu_attn_block_n()
+    ns.ATTN_MAX_HEAD_DIM, ns.RL_SEQ_THREADS = so.emu_attn_max_head_dim(), so.emu_rl_seq_threads()
+    ns.library = so  # keeps the library loaded while the namespace lives
+    return ns
+
+
+def install(monkeypatch, ext: SimpleNamespace) -> SimpleNamespace:
+    """Route gradsweep.cuda_kernels through ``ext`` on CPU tensors (real pointers; undone by the monkeypatch)."""
+    from gradsweep.cuda_kernels import runtime as rt
+
+    def check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> None:
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+            raise ValueError(f"{name}: expected {dtype}, got {getattr(t, 'dtype', type(t))}")
+
+    monkeypatch.setattr(rt, "ext", lambda: ext)
+    monkeypatch.setattr(rt, "check_tensor", check_tensor)
+    monkeypatch.setattr(rt, "launch", lambda t: (0, 0))
+    monkeypatch.setattr(rt, "ptr", lambda t: 0 if t is None else int(t.data_ptr()))
+    return ext

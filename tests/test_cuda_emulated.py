@@ -1,0 +1,98 @@
+"""The CUDA C++ attention and RL kernels of csrc/, run on the CPU by a host emulation (tests/cuda_emu/).
+
+The kernels' own sources (fragment addressing, masks, block and tile loops, the fold's bounds, the host launchers)
+execute here with an independently written model of ldmatrix / mma.sync / shuffles, through the production Python
+modules and the public kernel check: every layout bitwise invariant and accurate within the contract (dK / dV
+FP32-class), kernel-level bitwise equalities (wide vs narrow programs, chunks, decode, a sample alone), bf16
+operands missing the FP32-class rule, and a planted kernel bug (a partly visible key block run without its mask)
+going red. The emulation's rounding is not the H200's: the GPU tests (tests/test_cuda_attention.py, -m gpu)
+check the hardware's own bits. Skipped where g++ (C++20) or the CUDA headers are missing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradsweep.cuda_kernels import attention as attn
+from gradsweep.harness.kernel_check import check_kernel
+from tests import test_cuda_attention as cuda_attention_tests
+from tests.cuda_emu import build
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+_WHY = build.unavailable()
+if _WHY is not None:
+    pytest.skip(f"the CUDA emulation cannot be built here: {_WHY}", allow_module_level=True)
+
+GQA = {"heads": 4, "kv_heads": 2, "head_dim": 32}
+LENGTHS = [70, 5, 33, 1]
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    return build.load(build.build(tmp_path_factory.mktemp("cuda_emu")))
+
+
+@pytest.fixture
+def kernels(emulated, monkeypatch: pytest.MonkeyPatch):
+    return build.install(monkeypatch, emulated)
+
+
+def test_attention_every_layout(kernels) -> None:
+    report = check_kernel("attention", "cuda.attention", shape=GQA, lengths=LENGTHS)
+    assert report.ok, report.first_failure
+
+
+@pytest.mark.parametrize(("shape", "lengths"), [({"heads": 2, "kv_heads": 1, "head_dim": 128}, [70, 5, 1]),
+                                               ({"heads": 8, "kv_heads": 2, "head_dim": 24}, [70, 5, 1]),
+                                               ({"heads": 18, "kv_heads": 1, "head_dim": 16}, [40, 3, 1])])
+def test_attention_head_dims_and_groups(kernels, shape, lengths) -> None:
+    """head_dim 128 (the release size), 24 (zero-padded to 32 columns), 18 query heads per K/V head (one head per
+    program)."""
+    report = check_kernel("attention", "cuda.attention", shape=shape, lengths=lengths,
+                          layouts=["bn_chunked", "bn_padded_left", "decode"])
+    assert report.ok, report.first_failure
+
+
+def test_attention_wide_narrow_chunks_decode_and_alone_agree_bitwise(kernels) -> None:
+    lengths = [150, 37, 70]
+    data = cuda_attention_tests._qkv(lengths, {"heads": 8, "kv_heads": 2, "head_dim": 32}, device="cpu")
+    cuda_attention_tests.check_prefill_equals_other_layouts(data, lengths, decode_tail=6)
+
+
+@pytest.mark.parametrize("fp32_grads", [True, False])
+def test_attention_fp32_grads_meets_the_fp32_class(kernels, fp32_grads) -> None:
+    cand = cuda_attention_tests._candidate("cuda.attention.grads", attn.AttnConfig(fp32_grads=fp32_grads))
+    cell = check_kernel("attention", cand, shape=GQA, lengths=LENGTHS, layouts=["bn_chunked"],
+                        contract=cuda_attention_tests._fp32_class_contract(True)).cells["bn_chunked"]
+    assert all(m.bitwise_equal for m in cell.tensors)
+    bad = {m.name for m in cell.tensors if m.accuracy_ok is False}
+    assert bad == (set() if fp32_grads else {"dK", "dV"}), cell.reason
+
+
+def test_a_planted_kernel_bug_goes_red(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward treats one more key block as seen whole by every row (no mask): later keys leak into o."""
+    plant = ("attention_fwd", "const int nb_full = (static_cast<int>(pr.pos0) + 1) / C::BN;",
+             "const int nb_full = (static_cast<int>(pr.pos0) + 1) / C::BN + 1;")
+    build.install(monkeypatch, build.load(build.build(tmp_path, plant=plant)))
+    report = check_kernel("attention", "cuda.attention", shape=GQA, lengths=LENGTHS, layouts=["bn_full"])
+    assert not report.ok and "o forward_accuracy" in (report.first_failure or "")
+
+
+@pytest.mark.parametrize("op", ["rl_ratio", "rl_kl", "rl_ppo", "rl_grpo", "rl_grpo_seq", "rl_dpo"])
+def test_rl_every_layout(kernels, op: str) -> None:
+    report = check_kernel(op, f"cuda.{op}")
+    assert report.ok, report.first_failure
+
+
+def test_rl_fp32_inputs_match_bf16_inputs_bitwise(kernels) -> None:
+    """One launch reads one dtype: bf16 log-probs read as bf16 or widened to FP32 give the same bits."""
+    from gradsweep.cuda_kernels import rl_token
+
+    g = torch.Generator().manual_seed(3)
+    lp, old, ref = ((torch.randn(700, generator=g) * 0.5).bfloat16() for _ in range(3))
+    sample = torch.randint(-1, 9, (700,), generator=g)
+    rewards = torch.rand(9, generator=g)
+    a = rl_token.grpo_loss(lp, old, ref, sample, rewards, 3, 0.2, 0.2, 0.04, 1e-4)
+    b = rl_token.grpo_loss(lp.float(), old, ref.float(), sample, rewards, 3, 0.2, 0.2, 0.04, 1e-4)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
