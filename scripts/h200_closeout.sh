@@ -1,72 +1,122 @@
 #!/usr/bin/env bash
-# The closeout call on a Hopper box (the lent H200s), at most 8 files back. Phase 1: the release sweep of
-# manifests/h200.yaml, one worker per visible GPU (each cell pinned to one GPU), while the GPU tests of the CUDA
-# attention and RL kernels (small shapes, not yet in the release manifest) share the last GPU. Phase 2, once the
-# sweep is done: `gradsweep bench` for the ops of each --bench-ops group, until the deadline (seconds from the
-# start; the sweep may use all but 15 of them). Timing never overlaps the sweep.
+# The release closeout on a Hopper box, spread over as many device calls (each at most 10 minutes, at most 8
+# files back) as it needs. Each call picks up where the last one stopped, from the STATE folder that the last
+# call's OUT/state.tar.gz unpacks to (empty or missing on the first call):
+#   1. the extension: the .so built by the first call is carried on (resuming a sweep needs the same bytes);
+#   2. the release sweep of manifests/h200.yaml (one worker per visible GPU), resumed from its partial log;
+#      once complete: verify and render it;
+#   3. in the order given, `gradsweep bench` for each --bench-ops group not yet done and, where --drift stands,
+#      the release drift run (bench/bench_drift.py); never beside the sweep: timing is alone.
+# A step that cannot finish before the deadline is cut by `timeout`: a cut sweep keeps its partial log for
+# the next call; a cut bench or drift leaves nothing and runs again next call.
 # Usage (repo root, on the GPU machine):
-#   bash scripts/h200_closeout.sh OUTDIR KEY [--deadline S] [--bench-ops "OP OP ..."]...   (one bench per group)
-# Files: h200.evidence.json, h200.test-result.json, h200.bench-<ops>.evidence.json and .png per bench group,
-# logs.tar.gz (build, tests, sweep, verify, reports, bench logs), summary.txt (at most 8 with two groups).
+#   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--bench-ops "OP OP ..."]... [--drift]
+# OUT gets: state.tar.gz (everything the next call needs and every result so far), logs.tar.gz, summary.txt.
 set -uo pipefail
-out=${1:?OUTDIR}; key=${2:?signing key}; shift 2
+state=${1:?STATE}; out=${2:?OUT}; key=${3:?signing key}; shift 3
 deadline=560; groups=()
 while [ $# -gt 0 ]; do
-  case "$1" in --bench-ops) groups+=("$2"); shift 2;; --deadline) deadline=$2; shift 2;; *) shift;; esac
+  case "$1" in
+    --bench-ops) groups+=("$2"); shift 2;;
+    --deadline) deadline=$2; shift 2;;
+    --drift) groups+=(drift); shift;;
+    *) echo "unknown argument $1" >&2; exit 2;;
+  esac
 done
 t_start=$(date +%s)
+left() { echo $(( deadline - ( $(date +%s) - t_start ) )); }
 pub="${key%.pem}.pub.pem"
-logs=$(mktemp -d)
+new=$(mktemp -d); logs=$(mktemp -d)
+mkdir -p "$state" out
+cp -a "$state"/. "$new"/ 2>/dev/null
+note() { echo "$*" | tee -a "$new/summary.txt"; }
+note "--- call at $(date -u +%FT%TZ), deadline ${deadline} s"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$HOME/site" .whl/*.whl \
     && export PYTHONPATH="$HOME/site:$PYTHONPATH"
 fi
-{ nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv; lscpu | grep "Model name"
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.device_count())"
-  time python3 setup.py build_ext --inplace; } > "$logs/build.log" 2>&1
-tail -3 "$logs/build.log"
-gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-last=$(( gpus - 1 ))
 
-(  # phase 1a: the release sweep on every GPU
+# 1. the extension
+so=$(ls "$state"/_C.cpython-*.so 2>/dev/null | head -1)
+if [ -n "$so" ]; then
+  cp "$so" gradsweep/ && note "extension carried: $(basename "$so") $(sha256sum "$so" | cut -c1-12)"
+else
   t0=$(date +%s)
-  timeout $(( deadline - 15 )) python3 -m gradsweep.cli sweep manifests/h200.yaml -o "$out/h200.evidence.json" \
-    --key "$key" --no-progress > "$logs/sweep.log" 2>&1
-  echo "sweep rc=$? in $(( $(date +%s) - t0 )) s on $gpus GPU(s)" >> "$logs/summary.txt"
-  python3 -m gradsweep.cli verify "$out/h200.evidence.json" --trusted-key "$pub" > "$logs/verify.log" 2>&1
-  echo "verify rc=$?" >> "$logs/summary.txt"
-  python3 -m gradsweep.cli report "$out/h200.evidence.json" --format md -o "$logs/h200.md" --trusted-key "$pub"
-  python3 -m gradsweep.cli report "$out/h200.evidence.json" --trusted-key "$pub" > "$logs/h200.table.txt" 2>&1
-) &
-sweep_pid=$!
+  { nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.device_count())"
+    python3 setup.py build_ext --inplace; } > "$logs/build.log" 2>&1
+  note "build rc=$? in $(( $(date +%s) - t0 )) s"
+  cp gradsweep/_C.cpython-*.so "$new"/
+fi
 
-(  # phase 1b, beside the sweep on the last GPU: GPU tests of kernels not in the release manifest
-  export CUDA_VISIBLE_DEVICES=$last
+# 2. the release sweep
+ev=out/h200.evidence.json
+if [ -f "$state/h200.evidence.json" ]; then
+  note "sweep: complete in an earlier call"
+else
+  resume=()
+  if [ -f "$state/h200.evidence.json.partial.jsonl" ]; then
+    cp "$state/h200.evidence.json.partial.jsonl" out/ && resume=(--resume)
+    note "sweep: resuming after $(( $(wc -l < out/h200.evidence.json.partial.jsonl) - 1 )) cell(s)"
+  fi
   t0=$(date +%s)
-  timeout 240 python3 -m pytest -q -m gpu tests/test_cuda_ops.py tests/test_cuda_build.py tests/test_cuda_attention.py tests/test_cuda_rl.py -p no:cacheprovider \
-    > "$logs/gpu_tests.log" 2>&1
-  echo "gpu tests (cuda ops, attention, rl) rc=$? in $(( $(date +%s) - t0 )) s" >> "$logs/summary.txt"
-) &
-side_pid=$!
+  timeout -s INT -k 15 $(( $(left) - 25 )) python3 -m gradsweep.cli sweep manifests/h200.yaml -o "$ev" --key "$key" \
+    --no-progress "${resume[@]}" >> "$logs/sweep.log" 2>&1
+  note "sweep rc=$? in $(( $(date +%s) - t0 )) s"
+  if [ -f "$ev" ]; then
+    cp out/h200.evidence.json out/h200.test-result.json "$new"/
+    rm -f "$new/h200.evidence.json.partial.jsonl"
+    python3 -m gradsweep.cli verify "$ev" --trusted-key "$pub" > "$new/h200.verify.txt" 2>&1
+    note "verify rc=$?"
+    python3 -m gradsweep.cli report "$ev" --format md -o "$new/h200.md" --trusted-key "$pub" >> "$logs/sweep.log" 2>&1
+    python3 -m gradsweep.cli report "$ev" --trusted-key "$pub" > "$new/h200.table.txt" 2>&1
+    cp "$logs/sweep.log" "$new/h200.sweep.log"
+  else
+    cp out/h200.evidence.json.partial.jsonl "$new"/ 2>/dev/null
+    note "sweep: $(( $(wc -l < "$new/h200.evidence.json.partial.jsonl") - 1 )) cell(s) done so far"
+  fi
+  tail -4 "$logs/sweep.log"
+fi
 
-wait $sweep_pid
-wait $side_pid
-# phase 2: the bench, alone on the GPUs once the sweep is done, one evidence file per group of ops, until the
-# deadline (a group that cannot finish in time is cut by `timeout` and leaves no evidence)
-for group in "${groups[@]}"; do
-  left=$(( deadline - ( $(date +%s) - t_start ) ))
-  if [ "$left" -lt 45 ]; then echo "bench group [$group] skipped: $left s left" >> "$logs/summary.txt"; continue; fi
-  name=h200.bench-$(echo "$group" | tr ' ' '-')
-  ops=(); for op in $group; do ops+=(--op "$op"); done
-  t0=$(date +%s)
-  timeout "$left" python3 -m gradsweep.cli bench manifests/h200.yaml -o "$out/$name.evidence.json" \
-    --chart "$out/$name.png" --key "$key" "${ops[@]}" > "$logs/$name.log" 2>&1
-  echo "bench [$group] rc=$? in $(( $(date +%s) - t0 )) s (budget $left s)" >> "$logs/summary.txt"
-  python3 -m gradsweep.cli report "$out/$name.evidence.json" --format md -o "$logs/$name.md" \
-    --trusted-key "$pub" >> "$logs/$name.log" 2>&1
-done
-wait
-cp "$logs/summary.txt" "$out/summary.txt"
+# 3. the bench, one evidence file per group of ops, only once the sweep is complete
+if [ -f "$new/h200.evidence.json" ]; then
+  for group in "${groups[@]}"; do
+    if [ "$group" = drift ]; then
+      if [ -f "$new/drift/drift.evidence.json" ]; then continue; fi
+      budget=$(( $(left) - 10 ))
+      if [ "$budget" -lt 60 ]; then note "drift not started: $budget s left"; continue; fi
+      t0=$(date +%s)
+      timeout "$budget" python3 bench/bench_drift.py out/drift --key "$key" --manifest manifests/h200.yaml \
+        > "$logs/drift.log" 2>&1
+      rc=$?
+      note "drift rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s)"
+      if [ $rc -eq 0 ]; then mkdir -p "$new/drift" && cp -a out/drift/. "$new/drift"/ && cp "$logs/drift.log" "$new/drift/"; fi
+      tail -25 "$logs/drift.log"
+      continue
+    fi
+    name=h200.bench-$(echo "$group" | tr ' ' '-')
+    if [ -f "$new/$name.evidence.json" ]; then continue; fi
+    budget=$(( $(left) - 10 ))
+    if [ "$budget" -lt 45 ]; then note "bench [$group] not started: $budget s left"; continue; fi
+    ops=(); for op in $group; do ops+=(--op "$op"); done
+    t0=$(date +%s)
+    timeout "$budget" python3 -m gradsweep.cli bench manifests/h200.yaml -o "out/$name.evidence.json" \
+      --chart "out/$name.png" --key "$key" "${ops[@]}" > "$logs/$name.log" 2>&1
+    rc=$?
+    note "bench [$group] rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s)"
+    if [ $rc -eq 0 ] && [ -f "out/$name.evidence.json" ]; then
+      cp "out/$name.evidence.json" "out/$name.png" "$new"/ 2>/dev/null
+      python3 -m gradsweep.cli report "out/$name.evidence.json" --format md -o "$new/$name.md" \
+        --trusted-key "$pub" >> "$logs/$name.log" 2>&1
+    fi
+    cp "$logs/$name.log" "$new/$name.log"
+    tail -40 "$logs/$name.log"
+  done
+fi
+
+cp "$new/summary.txt" "$out/summary.txt"
+tar -czf "$out/state.tar.gz" -C "$new" .
 tar -czf "$out/logs.tar.gz" -C "$logs" .
-cat "$out/summary.txt"; tail -6 "$logs/sweep.log"; tail -3 "$logs/gpu_tests.log"
+note "call done in $(( $(date +%s) - t_start )) s"
+cat "$new/summary.txt" | tail -12
