@@ -161,8 +161,9 @@ def sweep(
                                                         "manifest, or is not evidence")] = False,
     strict: StrictOpt = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", metavar="N",
-                                             help="parallel workers (default: one per GPU with several GPUs, "
-                                                  "else min(2, CPUs))")] = None,
+                                             help="parallel workers (default: one per GPU for the GPU "
+                                                  "profiles, plus min(2, CPUs) for CPU profiles; a GPU is "
+                                                  "never shared)")] = None,
     cell_timeout: Annotated[float | None, typer.Option("--cell-timeout", metavar="SECONDS",
                                                        help="per-cell limit (default: manifest, else 900)")]
     = None,
@@ -180,8 +181,8 @@ def sweep(
 ) -> None:
     """Run the cells isolated, print the matrix, write signed evidence.
 
-    Every op x profile x layout cell of the manifest runs in a worker process (one per GPU on a box with
-    several); the evidence and its in-toto test result are signed with --key.
+    Every op x profile x layout cell of the manifest runs in a worker process (a GPU profile's workers each
+    hold one GPU of their own); the evidence and its in-toto test result are signed with --key.
     """
     from gradsweep.sweep.api import SweepOptions, execute_sweep, prepare_sweep
     from gradsweep.sweep.progress import SweepProgress
@@ -354,6 +355,11 @@ def verify(
 
     _need_file(evidence)
     signers = _signers(trusted_key, trust_file)
+    from gradsweep.drift.evidence import is_drift_evidence
+
+    if is_drift_evidence(evidence):
+        _verify_drift(evidence, signers, tree, allow_stale)
+        return
     try:
         result = verify_any_evidence(evidence, signers, tree)
     except EvidenceError as exc:
@@ -389,6 +395,37 @@ def verify(
         say("STALE: " + "; ".join(c.line() for c in stale) + hint)
         raise typer.Exit(0 if allow_stale else EXIT_STALE)
     console.print("fresh: every input of the verdicts matches this checkout", markup=False)
+
+
+def _verify_drift(evidence: Path, signers: list, tree: Path | None, allow_stale: bool) -> None:
+    """``verify`` of drift evidence: signature, signer, artifacts beside it, then the source tree and manifest."""
+    from gradsweep.drift.evidence import DriftEvidenceError, drift_input_checks, verify_drift
+    from gradsweep.evidence.source_digest import repo_root
+
+    try:
+        pred = verify_drift(evidence, signers)
+    except DriftEvidenceError as exc:
+        fail(exc, EXIT_FAIL)
+    report = pred["report"]
+    prov = pred.get("provenance") or {}
+    console = make_console()
+    console.print(f"signature OK: {evidence} (drift evidence; artifacts beside it unchanged)", markup=False)
+    console.print(f"drift of manifest {report['manifest'].get('name')} ({report['manifest'].get('path')}): "
+                  f"{len(report.get('pairs', []))} pair(s) on {report.get('device')}; ran on "
+                  f"{prov.get('gpu_name') or 'no GPU'}, torch {prov.get('torch')}", markup=False)
+    for pair in report.get("pairs", []):
+        first, status = pair.get("first_difference"), pair.get("status", "not run")
+        what = f"first difference at {first}" if first else \
+            "bit-identical at every boundary" if status == "compared" else status
+        console.print(f"  {pair['id']} ({pair.get('claim')}): {what}", markup=False)
+    checks = drift_input_checks(pred, (tree or repo_root()).resolve())
+    for check in checks:
+        console.print(f"  {check.line()}", markup=False)
+    stale = [c for c in checks if c.stale]
+    if stale:
+        say("STALE: " + "; ".join(c.line() for c in stale) + "; rerun the drift")
+        raise typer.Exit(0 if allow_stale else EXIT_STALE)
+    console.print("fresh: every input of the drift matches this checkout", markup=False)
 
 
 @app.command()

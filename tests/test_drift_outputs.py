@@ -97,3 +97,18 @@ def test_the_command_writes_every_output(tmp_path: Path, key: Path):
     assert done.exit_code == expected, done.stderr
     assert {p.name for p in out.iterdir()} == {"drift.json", "drift.png", "drift.table.txt", "drift.evidence.json"}
     verify_drift(out / "drift.evidence.json", ad_hoc_signers([public_path_for(key)]))
+
+
+def test_gradsweep_verify_reads_drift_evidence(written, key: Path):
+    """`gradsweep verify` takes drift evidence too: signature, artifacts, then the source tree (fresh here)."""
+    _, files = written
+    runner = CliRunner()
+    ok = runner.invoke(app, ["verify", str(files["evidence"]), "--trusted-key", str(public_path_for(key))])
+    assert ok.exit_code == 0, ok.output
+    assert "drift evidence" in ok.output and "source tree same" in ok.output and "fresh" in ok.output
+    assert "bn_full vs torch_bf16:decode (bitwise)" in ok.output
+    recorded = json.loads(files["json"].read_text())["manifest"]["path"]
+    assert not Path(recorded).is_absolute()  # evidence holds no machine paths
+    files["table"].write_text("edited\n")
+    bad = runner.invoke(app, ["verify", str(files["evidence"]), "--trusted-key", str(public_path_for(key))])
+    assert bad.exit_code == 1 and "drift.table.txt is missing or was changed" in bad.output

@@ -40,7 +40,8 @@ def test_which_profiles_are_placed() -> None:
     devices = {"gpu": "cuda", "auto": "auto", "cpu": "cpu", "pinned": "cuda"}
     envs = {"pinned": {"CUDA_VISIBLE_DEVICES": "1"}}
     assert placed_profiles(devices, envs, ["0", "1"]) == {"gpu", "auto"}
-    assert placed_profiles(devices, envs, ["0"]) == frozenset()
+    assert placed_profiles(devices, envs, ["0"]) == {"gpu", "auto"}  # one GPU is not shared either
+    assert placed_profiles(devices, envs, []) == frozenset()
     slots = GpuSlots(["0", "1"])
     assert [slots.acquire(), slots.acquire(), slots.acquire()] == ["0", "1", None]
     slots.release("0")
@@ -101,10 +102,47 @@ def test_one_worker_per_gpu_each_cell_pinned(tmp_path: Path, monkeypatch: pytest
     plan_default = prepare_sweep(SweepOptions(manifest=opts.manifest, out=tmp_path / "ev2.json", key=key,
                                               cell_fn=FAKE_CELL, loader=FAKE_LOADER, gpus=["0", "1", "2", "3"]),
                                  lambda _m: None)
-    assert plan_default.jobs == 4  # one worker per GPU by default
+    assert plan_default.jobs == 4 + runner_mod.default_jobs()  # one worker per GPU, CPU workers beside them
     single = prepare_sweep(SweepOptions(manifest=opts.manifest, out=tmp_path / "ev3.json", key=key,
                                         cell_fn=FAKE_CELL, loader=FAKE_LOADER, gpus=["0"]), lambda _m: None)
-    assert single.placed == frozenset() and single.jobs == runner_mod.default_jobs()
+    assert single.placed == {"g1", "g2"} and single.jobs == 1 + runner_mod.default_jobs()
+    gpu_only = prepare_sweep(SweepOptions(manifest=opts.manifest, out=tmp_path / "ev4.json", key=key,
+                                          cell_fn=FAKE_CELL, loader=FAKE_LOADER, gpus=["0"], profiles=["g1", "g2"]),
+                             lambda _m: None)
+    assert gpu_only.jobs == 1  # a one-GPU box runs its GPU profiles one after another
+
+
+def test_a_one_gpu_box_never_runs_two_gpu_workers_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two release-shape chain cells on one H200 ran it out of memory (2026-11-30): by default, and even with
+    more jobs asked for, at most one worker holds the one GPU; the CPU profile runs beside it."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    key = tmp_path / "k.pem"
+    write_keypair(key)
+    live = {"gpu": 0, "cpu": 0}
+    peak = {"gpu": 0, "cpu": 0}
+    spawn, drop = runner_mod.Runner._spawn, runner_mod.Runner._drop
+
+    def counting_spawn(self, profile):  # type: ignore[no-untyped-def]
+        worker = spawn(self, profile)
+        kind = "gpu" if worker.gpu is not None else "cpu"
+        live[kind] += 1
+        peak[kind] = max(peak[kind], live[kind])
+        return worker
+
+    def counting_drop(self, worker):  # type: ignore[no-untyped-def]
+        live["gpu" if worker.gpu is not None else "cpu"] -= 1
+        drop(self, worker)
+
+    monkeypatch.setattr(runner_mod.Runner, "_spawn", counting_spawn)
+    monkeypatch.setattr(runner_mod.Runner, "_drop", counting_drop)
+    for jobs in (None, 4):
+        peak.update(gpu=0, cpu=0)
+        opts = SweepOptions(manifest=_gpu_manifest(tmp_path), out=tmp_path / f"ev{jobs}.json", key=key,
+                            cell_fn=FAKE_CELL, loader=FAKE_LOADER, gpus=["0"], jobs=jobs)
+        plan = prepare_sweep(opts, lambda _m: None)
+        assert execute_sweep(plan).exit_code == 0
+        assert peak["gpu"] == 1, f"jobs={jobs}: two workers shared the one GPU"
+        assert peak["cpu"] >= 1
 
 
 def _dead(pid: int) -> bool:

@@ -264,8 +264,12 @@ def _repeatability(plan: DriftPlan, runs: _Runs) -> list[dict]:
 
 
 def _manifest_path(m: Manifest) -> str | None:
+    """Repository-relative (evidence never holds a machine's absolute paths)."""
+    from gradsweep.evidence.paths import portable_path
+    from gradsweep.evidence.source_digest import repo_root
+
     try:
-        return str(m.source_path)
+        return portable_path(m.source_path, repo_root())
     except ValueError:  # a manifest built in memory
         return None
 

@@ -15,7 +15,10 @@ from pathlib import Path
 from securesystemslib.exceptions import VerificationError
 
 from gradsweep.evidence.envelope import EnvelopeError, decode_statement, open_envelope, seal, write_atomic
+from gradsweep.evidence.freshness import NOT_COMPARED, InputCheck, file_check, source_check
 from gradsweep.evidence.jsonsafe import jsonable
+from gradsweep.evidence.paths import is_external, resolve_recorded
+from gradsweep.evidence.predicate import SourceRef
 from gradsweep.evidence.provenance import collect_provenance
 from gradsweep.evidence.signing import resolve_signer
 from gradsweep.evidence.source_digest import file_sha256, repo_root, tree_digest
@@ -48,7 +51,9 @@ def sign_drift(report: dict, out_dir: Path, artifacts: list[Path], key: Path | N
     """
     root = repo_root()
     tree = tree_digest(root)
-    manifest = Path(report["manifest"]["path"]) if report["manifest"].get("path") else None
+    recorded = report["manifest"].get("path")
+    manifest = resolve_recorded(recorded, root) or (Path(recorded) if recorded and Path(recorded).is_absolute()
+                                                    else None)
     signer, key_path = resolve_signer(key, say)
     ran = report.get("provenance")
     ran_tree = (ran or {}).get("source_tree", {}).get("sha256")
@@ -67,9 +72,34 @@ def sign_drift(report: dict, out_dir: Path, artifacts: list[Path], key: Path | N
     return path
 
 
+def is_drift_evidence(path: Path) -> bool:
+    """Whether ``path`` holds a drift statement, read WITHOUT verifying (to choose its reader)."""
+    try:
+        statement = decode_statement(open_envelope(path.read_bytes()).payload)
+    except (OSError, EnvelopeError):
+        return False
+    return statement.get("predicateType") == DRIFT_PREDICATE
+
+
+def drift_input_checks(predicate: dict, root: Path) -> list[InputCheck]:
+    """The run's inputs against the checkout at ``root``: the source tree and the manifest (by the digest the
+    statement's subject holds). The extension is compared by its sources (csrc/ is in the tree)."""
+    source = predicate.get("source") or {}
+    checks = [source_check(SourceRef(sha256=source.get("sha256", ""), files=source.get("files", 0),
+                                     roots=source.get("roots", ["csrc", "gradsweep"])), root)]
+    recorded = predicate["report"].get("manifest", {}).get("path")
+    if recorded is None or is_external(recorded):
+        checks.append(InputCheck("manifest", NOT_COMPARED, f"{recorded or 'the manifest'} was outside the repository "
+                                                           "when the drift ran"))
+    else:
+        checks.append(file_check("manifest", recorded, predicate.get("_manifest_sha256"), root, run="drift"))
+    return checks
+
+
 def verify_drift(path: Path, trusted: list[Signer], check_artifacts: bool = True) -> dict:
     """Check the signature against trusted signers, the statement's type and the artifacts beside it; return
-    the predicate. Raises DriftEvidenceError naming what is wrong."""
+    the predicate (with ``_manifest_sha256``, the manifest subject's digest, for the freshness checks). Raises
+    DriftEvidenceError naming what is wrong."""
     try:
         envelope = open_envelope(path.read_bytes())
     except (OSError, EnvelopeError) as exc:
@@ -89,6 +119,9 @@ def verify_drift(path: Path, trusted: list[Signer], check_artifacts: bool = True
     if statement.get("_type") != STATEMENT_TYPE or statement.get("predicateType") != DRIFT_PREDICATE:
         raise DriftEvidenceError(f"drift evidence {path}: not a drift statement ({statement.get('predicateType')})")
     predicate = statement["predicate"]
+    manifests = [s["digest"]["sha256"] for s in statement.get("subject", [])
+                 if s.get("name", "").startswith("manifest:")]
+    predicate["_manifest_sha256"] = manifests[0] if manifests else None
     if check_artifacts:
         for name, digest in predicate.get("artifacts", {}).items():
             art = path.parent / name

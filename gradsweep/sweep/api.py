@@ -211,12 +211,22 @@ def prepare_sweep(opts: SweepOptions, say: Say) -> SweepPlan:
                           cells_total=len(filtered), cells_digest=cells_digest(filtered),
                           shards=[shard.spec] if shard else [], reruns=reruns)
     timeout = opts.cell_timeout or info.cell_timeout_s or DEFAULT_TIMEOUT_S
-    jobs = opts.jobs or (len(gpus) if placed else default_jobs())
+    jobs = opts.jobs or default_worker_count(info.profile_device, placed, cells, len(gpus))
     return SweepPlan(opts=opts, info=info, selection=selection, shard=shard, cells=cells, out=out,
                      signer=signer, tracked=tracked, tracked_path=tracked_path, source=source, partial=partial,
                      kept=kept, started_at=started, jobs=jobs, timeout_s=float(timeout), reruns=reruns,
                      gpus=gpus, placed=placed, root=root,
                      tracked_sha256=file_sha256(tracked_path) if tracked_path else None, extension=ext)
+
+
+def default_worker_count(devices: dict[str, str], placed: frozenset[str], cells: list[CellKey],
+                         gpus: int) -> int:
+    """One worker per GPU for the placed (GPU) profiles, plus the usual CPU workers when profiles that are not
+    placed have cells too: a GPU is never shared by default, and CPU cells still run beside the GPU ones."""
+    if not placed:
+        return default_jobs()
+    unplaced = any(c.profile not in placed and c.profile in devices for c in cells)
+    return gpus + (default_jobs() if unplaced else 0)
 
 
 def execute_sweep(plan: SweepPlan, on_result: Callable[[CellResult], None] | None = None,

@@ -1,9 +1,11 @@
 """One worker per visible GPU: which profiles are placed, and which GPU each worker holds.
 
-On a box with more than one visible GPU, each worker of a GPU profile (device cuda or auto) is
-started with CUDA_VISIBLE_DEVICES set to one GPU that no other live worker holds, so every cell runs
-pinned to one device and the GPUs work in parallel. A profile whose env sets CUDA_VISIBLE_DEVICES
-itself is left alone; CPU profiles, and boxes with one GPU or none, are unchanged.
+On a box with a visible GPU, each worker of a GPU profile (device cuda or auto) is started with
+CUDA_VISIBLE_DEVICES set to one GPU that no other live worker holds, so every cell runs pinned to one
+device, the GPUs work in parallel, and no two workers share a GPU's memory (two release-shape chain
+cells on one H200 ran it out of memory: a GPU worker holds ~75 GB at the peak). On a one-GPU box the
+GPU profiles therefore run one after another, while CPU profiles may run beside them. A profile whose
+env sets CUDA_VISIBLE_DEVICES itself is left alone; CPU profiles and boxes without a GPU are unchanged.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def visible_gpus(env: Mapping[str, str] | None = None, count: int | None = None)
 
 def placed_profiles(devices: Mapping[str, str], envs: Mapping[str, Mapping[str, str]],
                     gpus: list[str]) -> frozenset[str]:
-    """Profiles whose workers each get one GPU of ``gpus`` (none unless there are at least two)."""
-    if len(gpus) < 2:
+    """Profiles whose workers each get one GPU of ``gpus`` (none without a GPU)."""
+    if not gpus:
         return frozenset()
     return frozenset(p for p, dev in devices.items() if dev in ("cuda", "auto") and VISIBLE not in envs.get(p, {}))
 

@@ -151,11 +151,15 @@ class Runner:
     def _pick_profile(self) -> str | None:
         """The profile most in need of another worker; an extra worker (each costs a start-up, e.g. a
         torch import) only when its profile has more than two cells queued per running worker. A placed
-        profile needs a free GPU."""
+        profile needs a free GPU; while one waits for a GPU, CPU profiles leave the GPUs' share of the
+        workers free, so they cannot starve the GPU cells."""
         counts = {p: sum(1 for w in self.workers.values() if w.profile == p) for p in self.pending}
         gpu_free = bool(self.slots.free)
+        gpu_waiting = any(q for p, q in self.pending.items() if p in self.spec.placed)
+        unplaced_live = sum(1 for w in self.workers.values() if w.profile not in self.spec.placed)
+        cpu_room = not gpu_waiting or unplaced_live < max(1, self.spec.jobs - len(self.spec.gpus))
         choices = [p for p, q in self.pending.items() if q and len(q) > 2 * counts[p]
-                   and (p not in self.spec.placed or gpu_free)]
+                   and (gpu_free if p in self.spec.placed else cpu_room)]
         if not choices:
             return None
         return max(choices, key=lambda p: (len(self.pending[p]) / (1 + counts[p]), -counts[p]))
