@@ -219,8 +219,12 @@ def test_readme_table_is_regenerated_between_the_markers_only(run, tmp_path):
     readme.write_text("no markers\n")
     assert main([str(outcome.out), "--readme", str(readme), "--trusted-key", pub]) == 2
     assert readme.read_text() == "no markers\n"
-    repo_readme = Path(__file__).resolve().parents[1] / "README.md"
-    assert "new block" in splice(repo_readme.read_text(), "new block\n")  # the README carries the markers
+    tables = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+    assert "new block" in splice(tables.read_text(), "new block\n")  # docs/performance.md carries the markers
+    two = tmp_path / "two.md"  # several evidence files (one per bench group): their tables in the order given
+    two.write_text(f"{BEGIN}\n{END}\n")
+    assert main([str(outcome.out), str(outcome.out), "--readme", str(two), "--trusted-key", pub]) == 0
+    assert two.read_text().count("| rms_norm | bwd 26 x 64 (dx + canonical dweight) | triton | e2e_vs_stock |") == 2
     with pytest.raises(ReadmeError):
         splice(f"{END}\n{BEGIN}\n", "x")
 

@@ -1,11 +1,12 @@
-"""Regenerate the README's performance table from committed bench evidence.
+"""Regenerate the performance tables (docs/performance.md) from committed bench evidence.
 
-    python -m gradsweep.report.bench_readme evidence/bench/h200.bench.evidence.json [--readme README.md]
+    python -m gradsweep.report.bench_readme EVIDENCE [EVIDENCE ...] [--readme docs/performance.md]
                                      [--trusted-key PUB]... [--trust-file YAML]
 
-The evidence is verified first (the trust file, or --trusted-key); the table replaces what lies between the
-README's ``<!-- bench-table:begin -->`` and ``<!-- bench-table:end -->`` markers, written atomically. Nothing
-else of the README is touched. Exit 0 written, 1 the evidence does not verify, 2 bad usage.
+Each evidence file (e.g. one per group of ops benched in its own device call) is verified first (the trust
+file, or --trusted-key); their tables, in the order given, replace what lies between the file's
+``<!-- bench-table:begin -->`` and ``<!-- bench-table:end -->`` markers, written atomically. Nothing else of
+the file is touched. Exit 0 written, 1 the evidence does not verify, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -41,30 +42,34 @@ def portable(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gradsweep.report.bench_readme", description=__doc__.splitlines()[0])
-    ap.add_argument("evidence", type=Path)
-    ap.add_argument("--readme", type=Path, default=Path(__file__).resolve().parents[2] / "README.md")
+    ap.add_argument("evidence", type=Path, nargs="+")
+    ap.add_argument("--readme", type=Path, default=Path(__file__).resolve().parents[2] / "docs" / "performance.md",
+                    help="the markdown file holding the table markers (default: docs/performance.md)")
     ap.add_argument("--trusted-key", type=Path, action="append", default=None)
     ap.add_argument("--trust-file", type=Path, default=None)
     args = ap.parse_args(argv)
     from gradsweep.evidence.verify import EvidenceError
     from gradsweep.report.bench import open_bench, readme_block
 
-    for path, what in ((args.evidence, "evidence"), (args.readme, "readme")):
+    for path, what in (*((e, "evidence") for e in args.evidence), (args.readme, "readme")):
         if not path.is_file():
             sys.stderr.write(f"gradsweep: error: {what} {path}: no such file\n")
             return 2
+    blocks = []
+    for evidence in args.evidence:
+        try:
+            opened = open_bench(evidence, args.trusted_key, args.trust_file, allow_unverified=False)
+        except EvidenceError as exc:
+            sys.stderr.write(f"gradsweep: error: {' '.join(str(exc).split())}\n")
+            return 1
+        blocks.append(readme_block(opened.predicate, portable(evidence)))
     try:
-        opened = open_bench(args.evidence, args.trusted_key, args.trust_file, allow_unverified=False)
-    except EvidenceError as exc:
-        sys.stderr.write(f"gradsweep: error: {' '.join(str(exc).split())}\n")
-        return 1
-    try:
-        text = splice(args.readme.read_text(), readme_block(opened.predicate, portable(args.evidence)))
+        text = splice(args.readme.read_text(), "\n".join(blocks))
     except ReadmeError as exc:
         sys.stderr.write(f"gradsweep: error: readme {args.readme}: {exc}\n")
         return 2
     write_atomic(args.readme, text.encode())
-    sys.stdout.write(f"{args.readme}: performance table regenerated from {args.evidence}\n")
+    sys.stdout.write(f"{args.readme}: performance table regenerated from {', '.join(map(str, args.evidence))}\n")
     return 0
 
 
