@@ -177,6 +177,13 @@ class Attention(_Module):
         self.layer = int(layer)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, ctx: ChainContext) -> Tensor:
+        if self.stock and ctx.recording:
+            from gradsweep.nn.layerwise import AttentionCut
+
+            call = StockAttentionCall(self, q, k, v, ctx)
+            leaf = call.o.detach().requires_grad_(True)
+            ctx.current.cuts.append(AttentionCut((q, k, v), call, leaf))
+            return leaf
         if self.stock:
             return self._stock(q, k, v, ctx)
         if ctx.recording:
@@ -212,6 +219,80 @@ class Attention(_Module):
                 o = stock_sdpa(qs, ks, vs, attn_mask=mask, enable_gqa=True)
             out = out.index_put((dev_idx,), o[0].transpose(0, 1))
         return out
+
+    def stock_keys(self, ctx: ChainContext, sample: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Layerwise stock step: the layer's keys and values of ``sample``, one leaf each over the whole sample."""
+        store: dict[int, tuple[Tensor, Tensor]] = ctx.state.setdefault(f"kv_leaves{self.layer}", {})
+        if sample not in store:
+            shape = (ctx.lengths[sample], *like.shape[1:])
+            store[sample] = tuple(torch.zeros(shape, dtype=like.dtype, device=like.device).requires_grad_(True)
+                                  for _ in range(2))
+        return store[sample]
+
+
+class StockAttentionCall:
+    """Stock attention of one call in a layerwise step (a step whose tokens come in several calls).
+
+    Autograd through a tensor KV cache makes each call's backward run back through every earlier call's graph:
+    O(calls^2), which at release shapes (1031 decode calls) does not finish. Here the keys and values of each
+    sample are one leaf per layer, filled as calls arrive; every call's SDPA reads a prefix of it, so a call's
+    backward stops at the leaves, and the layer's dK / dV of a call's rows are read from the leaves' gradients
+    once every call's attention backward of the layer has run (the ``AttentionCut`` protocol). The forward does
+    the same SDPA on the same values as the ordinary stock path.
+    """
+
+    def __init__(self, attn: Attention, q: Tensor, k: Tensor, v: Tensor, ctx: ChainContext) -> None:
+        self.q = q.detach().requires_grad_(True)
+        self.rows = ctx.rows
+        self.kv: list[tuple[int, Tensor, Tensor]] = []  # (sample, its rows in this call, their positions)
+        sample, position = ctx.rows.sample, ctx.rows.position
+        out = torch.zeros_like(q)
+        self.leaves: dict[int, tuple[Tensor, Tensor]] = {}
+        with torch.enable_grad():
+            for s in torch.unique(sample[sample >= 0]).tolist():
+                idx = torch.nonzero(sample == s)[:, 0]
+                idx = idx[torch.argsort(position[idx])]
+                pos = position[idx].to(q.device)
+                dev_idx = idx.to(q.device)
+                keys, vals = attn.stock_keys(ctx, s, k)
+                first, end = int(position[idx[0]]), int(position[idx[-1]]) + 1
+                filled = ctx.state.setdefault(f"kv_filled{attn.layer}", {})
+                if first != filled.get(s, 0) or end - first != idx.shape[0]:
+                    raise ValueError(f"attention: sample {s} continues at position {first} after {filled.get(s, 0)} "
+                                     "cached keys (calls of a sample must come in position order, without gaps)")
+                filled[s] = end
+                keys.data[first:end] = k[dev_idx].detach()  # new positions only: what earlier calls read stays
+                vals.data[first:end] = v[dev_idx].detach()
+                self.leaves[s] = (keys, vals)
+                self.kv.append((s, dev_idx, pos))
+                qs, ks, vs = (t.transpose(0, 1)[None] for t in (self.q[dev_idx], keys[:end], vals[:end]))
+                if first == 0:
+                    o = stock_sdpa(qs, ks, vs, is_causal=True, enable_gqa=True)
+                else:
+                    key_pos = torch.arange(end, device=q.device)
+                    mask = key_pos[None, :] <= pos[:, None]
+                    o = stock_sdpa(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+                out = out.index_put((dev_idx,), o[0].transpose(0, 1))
+        self.o = out
+        self.k_like, self.v_like = k, v
+
+    def backward_q(self, do: Tensor) -> Tensor:
+        """dQ of this call's rows; the gradients of every key and value it read accumulate in the leaves."""
+        torch.autograd.backward(self.o, do)
+        dq = self.q.grad if self.q.grad is not None else torch.zeros_like(self.q)
+        self.q, self.o = None, None
+        return dq
+
+    def kv_grads(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """dK, dV of this call's rows (pads and fillers: zero) from the leaves, once every call's backward_q ran."""
+        dk = torch.zeros(self.k_like.shape, dtype=dtype, device=self.k_like.device)
+        dv = torch.zeros(self.v_like.shape, dtype=dtype, device=self.v_like.device)
+        for s, dev_idx, pos in self.kv:
+            keys, vals = self.leaves[s]
+            for full, g in ((keys, dk), (vals, dv)):
+                if full.grad is not None:
+                    g[dev_idx] = full.grad.index_select(0, pos).to(dtype)
+        return dk, dv
 
 
 class _FanOut(torch.autograd.Function):

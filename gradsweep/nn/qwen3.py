@@ -149,7 +149,7 @@ def new_context(shape: Qwen3Shape, lengths, device, main_grads: Mapping[str, Ten
                                                                                dtype=torch.float32, device=device)
             folds[w.name] = CanonicalFold(mg, lengths, tiles[w.name])
     return ChainContext(lengths, device, folds, LAYERED, shape.layers,
-                        mode="ordinary" if family == "torch" else mode)
+                        mode="ordinary" if family == "torch" and mode == "auto" else mode)
 
 
 class Qwen3Attention(nn.Module):

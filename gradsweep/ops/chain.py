@@ -39,7 +39,7 @@ def _run(family: str, ctx: CallContext) -> CallOutput:
         shape = _shape(ctx.shape)
         device = ctx.params["embed_tokens"].device
         chain = ChainContext(ctx.lengths, device, ctx.folds if family != "torch" else None, LAYERED, shape.layers,
-                             mode="ordinary" if family == "torch" else "auto")
+                             mode="auto")
         session = ctx.state[_SESSION] = (Qwen3Decoder(shape, family, ctx.params), chain)
     model, chain = session
     chain.begin_call(ctx.rows)
