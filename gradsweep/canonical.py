@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 import torch
@@ -59,17 +59,41 @@ def _maximal(sample: np.ndarray, pos0: np.ndarray, row0: np.ndarray, length: np.
     """Drop empty runs and merge a run into the previous one when it continues it (same sample, next
     position, next row): one run per contiguous stretch, so a tile inside it is read in place."""
     keep = length > 0
-    sample, pos0, row0, length = sample[keep], pos0[keep], row0[keep], length[keep]
+    if not keep.all() or not len(sample) == len(pos0) == len(row0) == len(length):  # (refuses unequal lengths)
+        sample, pos0, row0, length = sample[keep], pos0[keep], row0[keep], length[keep]
     if len(sample) > 1:
-        cont = np.concatenate([[False], (sample[1:] == sample[:-1]) & (pos0[1:] == pos0[:-1] + length[:-1])
-                               & (row0[1:] == row0[:-1] + length[:-1])])
+        end = row0[:-1] + length[:-1]
+        shift = pos0 - row0  # a continuation keeps the sample and the position - row shift, and starts at the end
+        cont = (sample[1:] == sample[:-1]) & (shift[1:] == shift[:-1]) & (row0[1:] == end)
         if cont.any():
-            first = np.flatnonzero(~cont)
+            first = np.flatnonzero(np.concatenate(([True], ~cont)))
             ends = np.concatenate([first[1:], [len(sample)]])
             total = np.cumsum(np.concatenate([[0], length]))
             sample, pos0, row0 = sample[first], pos0[first], row0[first]
             length = total[ends] - total[first]
     return Runs(sample, pos0, row0, length)
+
+
+def _rows_of_runs(n_rows: int, runs: Runs) -> tuple[np.ndarray, np.ndarray]:
+    """Sample id and position of every row (-1 and 0 for the rows outside the runs)."""
+    if runs.total == n_rows:  # no pad rows: the runs tile the rows (vectorised)
+        order = np.argsort(runs.row0, kind="stable")
+        n_o = runs.length[order]
+        s = np.repeat(runs.sample[order], n_o)
+        p = np.arange(n_rows, dtype=np.int64) + np.repeat(runs.pos0[order] - runs.row0[order], n_o)
+        return s, p
+    s = np.full(n_rows, -1, dtype=np.int64)
+    p = np.zeros(n_rows, dtype=np.int64)
+    for s_i, p_i, r_i, n_i in zip(*(a.tolist() for a in (runs.sample, runs.pos0, runs.row0, runs.length))):
+        s[r_i:r_i + n_i] = s_i  # O(runs) slices
+        p[r_i:r_i + n_i] = np.arange(p_i, p_i + n_i)
+    return s, p
+
+
+def _int64(a: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
+    """A fresh flat int64 array of ``a`` (a list, tuple, array, tensor or any iterable of ints)."""
+    seq = a if isinstance(a, (list, tuple, np.ndarray, torch.Tensor)) else list(a)
+    return np.array(seq, dtype=np.int64).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -110,7 +134,7 @@ class RowIdentity:
     def from_runs(n_rows: int, sample: Sequence[int], pos0: Sequence[int], row0: Sequence[int],
                   length: Sequence[int]) -> RowIdentity:
         """Rows described by runs (sample ids >= 0); every row outside the runs is a pad (sample -1)."""
-        runs = _maximal(*(np.asarray(a, dtype=np.int64).reshape(-1) for a in (sample, pos0, row0, length)))
+        runs = _maximal(*(_int64(a) for a in (sample, pos0, row0, length)))
         end = runs.row0 + runs.length
         if len(runs.sample) and (int(runs.sample.min()) < 0 or int(runs.row0.min()) < 0 or int(end.max()) > n_rows):
             raise ValueError("RowIdentity.from_runs: runs must hold sample ids >= 0 and lie inside the rows")
@@ -118,31 +142,50 @@ class RowIdentity:
             order = np.argsort(runs.row0, kind="stable")
             if (end[order[:-1]] > runs.row0[order[1:]]).any():
                 raise ValueError("RowIdentity.from_runs: two runs share a row")
-        total = int(runs.length.sum())
-        if total == n_rows:  # no pad rows: the runs tile the rows (vectorised)
-            order = np.argsort(runs.row0, kind="stable")
-            n_o = runs.length[order]
-            s = np.repeat(runs.sample[order], n_o)
-            p = np.arange(n_rows, dtype=np.int64) + np.repeat(runs.pos0[order] - runs.row0[order], n_o)
-        else:
-            s = np.full(n_rows, -1, dtype=np.int64)
-            p = np.zeros(n_rows, dtype=np.int64)
-            for s_i, p_i, r_i, n_i in zip(*(a.tolist() for a in (runs.sample, runs.pos0, runs.row0, runs.length))):
-                s[r_i:r_i + n_i] = s_i  # O(runs) slices
-                p[r_i:r_i + n_i] = np.arange(p_i, p_i + n_i)
-        ident = RowIdentity(torch.from_numpy(s), torch.from_numpy(p))
-        ident.__dict__["runs"] = runs  # the cached_property's slot: no recomputation from the rows
-        return ident
+        return _RunRows(n_rows, runs)
 
     @staticmethod
     def packed(lengths: Sequence[int], sample_ids: Sequence[int] | None = None,
                starts: Sequence[int] | None = None) -> RowIdentity:
         """Rows of samples packed one after another (``starts`` gives each piece's first position)."""
-        n = np.asarray(list(lengths), dtype=np.int64).reshape(-1)
-        ids = np.arange(len(n)) if sample_ids is None else np.asarray(list(sample_ids), dtype=np.int64)
-        firsts = np.zeros(len(n), dtype=np.int64) if starts is None else np.asarray(list(starts), dtype=np.int64)
-        row0 = np.cumsum(n) - n
-        return RowIdentity.from_runs(int(n.sum()), ids, firsts, row0, n)
+        n = _int64(lengths)
+        ids = np.arange(len(n), dtype=np.int64) if sample_ids is None else _int64(sample_ids)
+        firsts = np.zeros(len(n), dtype=np.int64) if starts is None else _int64(starts)
+        ends = np.cumsum(n)
+        if len(n) and int(n.min()) < 0:  # a negative length moves later pieces back: the general checks
+            return RowIdentity.from_runs(int(n.sum()), ids, firsts, ends - n, n)
+        # pieces lie one after another inside the rows by construction: only the sample ids need a check
+        runs = _maximal(ids, firsts, ends - n, n)
+        if len(runs.sample) and int(runs.sample.min()) < 0:
+            raise ValueError("RowIdentity.from_runs: runs must hold sample ids >= 0 and lie inside the rows")
+        n_rows = int(ends[-1]) if len(n) else 0
+        runs.__dict__["total"] = n_rows  # the cached_property's slot: no pad rows in a packed call
+        return _RunRows(n_rows, runs)
+
+
+class _RunRows(RowIdentity):
+    """A RowIdentity given by its runs (``from_runs`` / ``packed``). The fold needs only the runs, so the per-row
+    tensors, O(rows) to build, are built on first use (the same values as ever)."""
+
+    def __init__(self, n_rows: int, runs: Runs) -> None:  # the fields are the properties below
+        self.__dict__.update(_n_rows=n_rows, runs=runs)
+
+    @cached_property
+    def _rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        s, p = _rows_of_runs(self._n_rows, self.runs)
+        return torch.from_numpy(s), torch.from_numpy(p)
+
+    @property  # type: ignore[override]
+    def sample(self) -> torch.Tensor:
+        return self._rows[0]
+
+    @property  # type: ignore[override]
+    def position(self) -> torch.Tensor:
+        return self._rows[1]
+
+    @property
+    def num_rows(self) -> int:
+        return self._n_rows
 
 
 @dataclass(frozen=True)
@@ -198,6 +241,52 @@ class TileStep:
         return d[own, 0].astype(np.int64), d[own, 1].astype(np.int64)
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """What the canonical tile sequence of a step is, given its sample lengths and tile (read-only arrays).
+
+    slot of (sample s, position p) = (tile_base[s] + p // tile) * tile + p % tile = ``slot_base[s] + p``;
+    ``[lo, hi)`` are the absent slots of every sample's last tile, received from the start so that "tile t
+    complete" is "[t*tile, (t+1)*tile) received"; ``expected[t]`` the real rows of tile t, which are slots
+    ``tile_first[t] .. tile_end[t]-1``; ``rows_before[t]`` the real rows of the tiles before t.
+    """
+
+    total_tiles: int
+    slot_base: np.ndarray
+    slot_end: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    expected: np.ndarray
+    tile_first: np.ndarray
+    tile_end: np.ndarray
+    rows_before: np.ndarray
+
+
+@lru_cache(maxsize=64)
+def _layout(lengths_bytes: bytes, tile: int) -> _Layout:
+    """The layout of one (lengths, tile): the same for every fold of a step's parameters, so built once."""
+    lengths = np.frombuffer(lengths_bytes, dtype=np.int64)
+    if (lengths < 0).any():
+        raise ValueError("CanonicalFold: sample lengths must be >= 0")
+    tiles_per_sample = (lengths + tile - 1) // tile
+    tile_base = np.concatenate([[0], np.cumsum(tiles_per_sample)]).astype(np.int64)
+    total_tiles = int(tile_base[-1])
+    slot_base = tile_base[:-1] * tile
+    slot_end = slot_base + lengths
+    tiles_end = tile_base[1:] * tile
+    gap = slot_end < tiles_end
+    owner = np.repeat(np.arange(len(lengths)), tiles_per_sample)
+    in_sample = np.arange(total_tiles) - tile_base[owner]
+    expected = np.minimum(tile, lengths[owner] - in_sample * tile)
+    tile_first = np.arange(total_tiles, dtype=np.int64) * tile
+    rows_before = np.concatenate([[0], np.cumsum(expected)]).astype(np.int64)
+    arrays = (slot_base, slot_end, slot_end[gap], tiles_end[gap], expected, tile_first, tile_first + expected,
+              rows_before)
+    for a in arrays:
+        a.flags.writeable = False  # shared by every fold of this layout
+    return _Layout(total_tiles, *arrays)
+
+
 class CanonicalFold:
     """FP32 main-grad accumulator plus the rows carried between calls, for one parameter gradient.
 
@@ -211,26 +300,15 @@ class CanonicalFold:
             raise ValueError("CanonicalFold: main_grad must be a contiguous float32 tensor")
         if tile <= 0:
             raise ValueError(f"CanonicalFold: tile must be positive, got {tile}")
-        lengths = np.asarray(list(sample_lengths), dtype=np.int64).reshape(-1)
-        if (lengths < 0).any():
-            raise ValueError("CanonicalFold: sample lengths must be >= 0")
+        lengths = _int64(sample_lengths)
         self.main_grad = main_grad
         self.tile = int(tile)
         self.lengths = lengths
-        tiles_per_sample = (lengths + tile - 1) // tile
-        self._tile_base = np.concatenate([[0], np.cumsum(tiles_per_sample)]).astype(np.int64)
-        self.total_tiles = int(self._tile_base[-1])
-        # slot of (sample s, position p) = (tile_base[s] + p // tile) * tile + p % tile = slot_base[s] + p
-        self._slot_base = self._tile_base[:-1] * tile
-        # Received slots as sorted disjoint intervals [lo, hi). The absent slots of every sample's last
-        # tile count as received from the start, so that "tile t complete" is "[t*tile, (t+1)*tile) received".
-        self._slot_end = self._slot_base + lengths
-        tiles_end = self._tile_base[1:] * tile
-        gap = self._slot_end < tiles_end
-        self._lo, self._hi = self._slot_end[gap], tiles_end[gap]
-        owner = np.repeat(np.arange(len(lengths)), tiles_per_sample)
-        in_sample = np.arange(self.total_tiles) - self._tile_base[owner]
-        self._expected = np.minimum(tile, lengths[owner] - in_sample * tile)
+        layout = _layout(lengths.tobytes(), self.tile)
+        self.total_tiles = layout.total_tiles
+        self._layout = layout
+        self._slot_base, self._slot_end, self._expected = layout.slot_base, layout.slot_end, layout.expected
+        self._lo, self._hi = layout.lo, layout.hi
         self.cursor = 0
         # Staging: block b holds rows [b*tile, (b+1)*tile) of every staging tensor, in slot order.
         self._block_of_tile = np.full(self.total_tiles, -1, dtype=np.int64)
@@ -253,12 +331,13 @@ class CanonicalFold:
         s, p = runs.sample, runs.pos0
         if not len(s):
             return s, s
-        if int(s.max()) >= len(self.lengths):
+        try:
+            slot0 = self._slot_base[s] + p  # sample ids are >= 0 (runs hold real rows)
+        except IndexError:
             raise ValueError(f"CanonicalFold: sample id {int(s.max())} outside the step's "
-                             f"{len(self.lengths)} samples")
-        slot0 = self._slot_base[s] + p
+                             f"{len(self.lengths)} samples") from None
         slot1 = slot0 + runs.length
-        if int(p.min()) < 0 or (slot1 > self._slot_end[s]).any():
+        if (p < 0).any() or (slot1 > self._slot_end[s]).any():
             raise ValueError("CanonicalFold: a row's position lies outside its sample")
         lo = np.concatenate((self._lo, slot0))
         hi = np.concatenate((self._hi, slot1))
@@ -275,7 +354,7 @@ class CanonicalFold:
     def _advance(self) -> int:
         """The first incomplete tile at or after the cursor."""
         at = self.cursor * self.tile
-        j = int(np.searchsorted(self._lo, at, side="right")) - 1
+        j = int(self._lo.searchsorted(at, side="right")) - 1
         if j >= 0 and self._hi[j] > at:
             return min(int(self._hi[j]) // self.tile, self.total_tiles)
         return self.cursor
@@ -299,25 +378,24 @@ class CanonicalFold:
         """Copy the pieces' rows into their tiles' staging blocks (a block per tile, allocated on first use)."""
         if not len(piece_tile) or not tensors:
             return
-        tiles = np.unique(piece_tile)
+        tiles = _sorted_unique(piece_tile)
         fresh = tiles[self._block_of_tile[tiles] < 0]
         if len(fresh) > len(self._free):
             self._stage_tensors(tensors, self._stage_blocks - len(self._free) + len(fresh))
         stage = self._stage_tensors(tensors, 0)
-        self._free.sort(reverse=True)
-        self._block_of_tile[fresh] = [self._free.pop() for _ in range(len(fresh))]  # lowest blocks first
+        self._free.sort()
+        self._block_of_tile[fresh] = self._free[:len(fresh)]  # lowest blocks first
+        del self._free[:len(fresh)]
         dst0 = self._block_of_tile[piece_tile] * self.tile + piece_lo % self.tile
         if len(piece_tile) == 1:  # one slice: no index upload
             d, r, n = int(dst0[0]), int(piece_row[0]), int(piece_len[0])
             for st, t in zip(stage, tensors):
                 st[d:d + n].copy_(t[r:r + n])
             return
-        total = int(piece_len.sum())
-        rel = np.arange(total) - np.repeat(np.cumsum(piece_len) - piece_len, piece_len)
-        index = _upload(np.stack([np.repeat(piece_row, piece_len) + rel, np.repeat(dst0, piece_len) + rel]),
-                        tensors[0].device)  # one upload: source rows, staging rows
+        index = _upload(_piece_rows(piece_row, dst0, piece_len), tensors[0].device)  # one upload for both
+        src, dst = index[0], index[1]  # source rows, staging rows
         for st, t in zip(stage, tensors):
-            st.index_copy_(0, index[1], t.index_select(0, index[0]))
+            st.index_copy_(0, dst, t.index_select(0, src))
 
     # ------------------------------------------------------------------------------------------------- takes
     def _check_tensors(self, rows: RowIdentity, tensors: tuple[torch.Tensor, ...]) -> None:
@@ -349,6 +427,25 @@ class CanonicalFold:
         self.cursor = c1
         return blocks
 
+    def _describe_ready(self, slot0: np.ndarray, slot1: np.ndarray, row0: np.ndarray, c0: int,
+                        c1: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Descriptors of the ready tiles ``c0 .. c1-1`` as read in place, which of them are (direct), and the
+        rows they read; the runs are in slot order. Tile t is direct when the run holding its first slot holds
+        all of it (then nothing of it can have come from another call: that would be a duplicate)."""
+        layout = self._layout
+        desc = np.empty((c1 - c0, 2), dtype=np.int32)
+        desc[:, 1] = self._expected[c0:c1]
+        if not len(slot0):
+            return desc, np.zeros(c1 - c0, dtype=bool), 0
+        first, end = layout.tile_first[c0:c1], layout.tile_end[c0:c1]
+        k = slot0.searchsorted(first, side="right") - 1  # -1 (before every run) reads run 0: not direct
+        run0 = slot0.take(k, mode="clip")
+        direct = (run0 <= first) & (slot1.take(k, mode="clip") >= end)
+        desc[:, 0] = (row0 - slot0).take(k, mode="clip") + first
+        if direct.all():
+            return desc, direct, int(layout.rows_before[c1] - layout.rows_before[c0])
+        return desc, direct, int(self._expected[c0:c1][direct].sum())
+
     def take_tiles(self, rows: RowIdentity, tensors: Sequence[torch.Tensor]) -> TileStep:
         """Register one call's rows (and the row tensors a fold reads); describe the tiles to fold now."""
         tensors = tuple(tensors)
@@ -358,25 +455,13 @@ class CanonicalFold:
         row0 = runs.row0
         c0, c1, tile = self.cursor, self._advance(), self.tile
         n_ready = c1 - c0
-        desc = np.empty((n_ready, 2), dtype=np.int32)
-        direct = np.zeros(n_ready, dtype=bool)
-        in_place = 0
         if n_ready:
-            expected = self._expected[c0:c1]
-            desc[:, 1] = expected
-            if len(slot0):
-                # tile t is direct when the run holding its first slot holds all of it (then nothing of it can
-                # have come from another call: that would be a duplicate)
-                if len(slot0) > 1 and not (slot0[1:] > slot0[:-1]).all():
-                    o = slot0.argsort()
-                    slot0, slot1, row0 = slot0[o], slot1[o], row0[o]
-                first = np.arange(c0 * tile, c1 * tile, tile)
-                k = np.searchsorted(slot0, first, side="right") - 1
-                np.maximum(k, 0, out=k)
-                offset = first - slot0[k]  # >= 0 iff run k starts at or before the tile
-                direct = (offset >= 0) & (slot1[k] >= first + expected)
-                desc[:, 0] = row0[k] + offset
-                in_place = int(expected[direct].sum())
+            if len(slot0) > 1 and not (slot0[1:] > slot0[:-1]).all():  # runs in slot order
+                o = slot0.argsort()
+                slot0, slot1, row0 = slot0[o], slot1[o], row0[o]
+            desc, direct, in_place = self._describe_ready(slot0, slot1, row0, c0, c1)
+        else:
+            desc, direct, in_place = np.empty((0, 2), dtype=np.int32), np.zeros(0, dtype=bool), 0
         stage_rows = 0
         if in_place < runs.total:  # some rows of this call are carried or staged
             piece_tile, piece_lo, piece_row, piece_len = self._pieces(slot0, slot1, row0)
@@ -433,6 +518,21 @@ class CanonicalFold:
             raise ValueError(f"CanonicalFold: {missing} canonical tiles never completed: "
                              "some tokens of the step never reached the backward")
         return self.main_grad
+
+
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)``, without its sort when ``a`` is sorted already (pieces come in slot order)."""
+    if len(a) > 1 and (a[1:] >= a[:-1]).all():
+        return a[np.concatenate(([True], a[1:] != a[:-1]))]
+    return np.unique(a)
+
+
+def _piece_rows(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """[2, rows] int64: the source and the staging row of every row of the pieces, in piece order (one pass)."""
+    total = int(length.sum())
+    shift = np.cumsum(length) - length  # piece i's rows are numbered shift[i] .. in the flat row order
+    offsets = np.concatenate((src0 - shift, dst0 - shift)).reshape(2, -1)
+    return np.repeat(offsets, length, axis=1) + np.arange(total, dtype=np.int64)
 
 
 def _upload(a: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -1,0 +1,249 @@
+"""The fold's host cost (issue 13): the faster planning gives exactly the plans of before, for any input.
+
+Randomised steps (sample lengths with empty samples, tiles from 1 to 128, every sample cut into pieces spread
+over calls in any order, pads, scrambled rows, bad inputs) are planned with ``take_tiles`` and ``take``; every
+value a kernel receives (descriptors, index tables, every array uploaded, including the staging copies' indices,
+staging sizes, the rows each tile reads), the row identities,
+their runs and the errors raised are hashed. The expected digests were recorded with the planning code of
+before the speed-up (``gradsweep/canonical.py`` at commit 9232b5a, run as
+``python tests/test_canonical_plan_speed_equivalence.py``), so any change of a plan shows here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+
+from gradsweep import canonical
+from gradsweep.bench.catalog.fold_plan import _thirds, cases
+from gradsweep.canonical import CanonicalFold, RowIdentity
+
+TILES = (1, 2, 3, 8, 16, 64, 128)
+TRIALS = 60
+
+
+class _Digest:
+    """A running hash of arrays, tensors and scalars (dtype and shape included)."""
+
+    def __init__(self) -> None:
+        self.h = hashlib.sha256()
+
+    def add(self, *items: object) -> None:
+        for x in items:
+            if isinstance(x, torch.Tensor):
+                x = x.detach().cpu().contiguous().numpy()
+            if isinstance(x, np.ndarray):
+                self.h.update(f"{x.dtype}{x.shape}".encode())
+                self.h.update(np.ascontiguousarray(x).tobytes())
+            else:
+                self.h.update(repr(x).encode())
+
+    def hex(self) -> str:
+        return self.h.hexdigest()
+
+
+@contextmanager
+def _uploads_to(d: _Digest) -> Iterator[None]:
+    """Hash every host array the fold uploads (descriptors, index tables, staging copy indices) too."""
+    real = canonical._upload
+
+    def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
+        d.add("upload", np.asarray(a))
+        return real(a, device)
+
+    canonical._upload = upload
+    try:
+        yield
+    finally:
+        canonical._upload = real
+
+
+def _lengths(rng: np.random.Generator) -> list[int]:
+    n = rng.integers(0, 160, size=int(rng.integers(1, 14)))
+    n[rng.random(len(n)) < 0.15] = 0
+    return n.tolist()
+
+
+def _pieces(rng: np.random.Generator, lengths: list[int]) -> list[list[tuple[int, int, int]]]:
+    """Every token once: each sample cut at random points (some empty pieces), pieces spread over calls."""
+    n_calls = int(rng.integers(1, 5))
+    calls: list[list[tuple[int, int, int]]] = [[] for _ in range(n_calls)]
+    for s, n in enumerate(lengths):
+        cuts = sorted(rng.integers(0, n + 1, size=int(rng.integers(0, 4))).tolist())
+        for a, b in zip([0, *cuts], [*cuts, n]):
+            calls[int(rng.integers(0, n_calls))].append((s, a, b - a))
+    for call in calls:
+        if rng.random() < 0.4:
+            rng.shuffle(call)
+        elif rng.random() < 0.5:
+            call.sort()  # consecutive pieces of one sample continue each other: merged runs
+    if rng.random() < 0.4:
+        calls = calls[::-1]
+    return calls
+
+
+def _as_packed(call: list[tuple[int, int, int]]) -> RowIdentity:
+    return RowIdentity.packed([p[2] for p in call], [p[0] for p in call], [p[1] for p in call])
+
+
+def _as_runs(rng: np.random.Generator, call: list[tuple[int, int, int]]) -> RowIdentity:
+    """The pieces as runs with pad rows between them, given in a shuffled order."""
+    row0, r = [], int(rng.integers(0, 3))
+    for _, _, n in call:
+        row0.append(r)
+        r += n + int(rng.integers(0, 3))
+    order = rng.permutation(len(call)) if call else np.zeros(0, dtype=np.int64)
+    pick = [call[i] for i in order]
+    return RowIdentity.from_runs(r + int(rng.integers(0, 2)), [p[0] for p in pick], [p[1] for p in pick],
+                                 [row0[i] for i in order], [p[2] for p in pick])
+
+
+def _as_rows(rng: np.random.Generator, call: list[tuple[int, int, int]]) -> RowIdentity:
+    """The pieces as plain per-row tensors (pads, scrambled at times): runs found from the rows."""
+    ident = _as_runs(rng, call)
+    sample, position = ident.sample.clone(), ident.position.clone()
+    if rng.random() < 0.3:
+        perm = torch.from_numpy(rng.permutation(len(sample)))
+        sample, position = sample[perm], position[perm]
+    return RowIdentity(sample, position)
+
+
+def _add_rows(d: _Digest, rows: RowIdentity) -> None:
+    r = rows.runs
+    d.add(rows.num_rows, rows.sample, rows.position, r.sample, r.pos0, r.row0, r.length, r.total)
+
+
+def _tensors(rows: RowIdentity, seed: int) -> tuple[torch.Tensor, ...]:
+    ident = torch.stack([rows.sample, rows.position], 1)
+    return ident, torch.randn(rows.num_rows, 3, generator=torch.Generator().manual_seed(seed))
+
+
+def _add_tile_step(d: _Digest, fold: CanonicalFold, rows: RowIdentity, tensors: tuple[torch.Tensor, ...]) -> None:
+    step = fold.take_tiles(rows, tensors)
+    d.add(step.first_tile, step.tile, step.num_tiles, step.stage_rows, step.staged, step.host_desc, step.desc,
+          *step.direct_rows(), step.stage is tensors, [(tuple(s.shape), s.dtype) for s in step.stage])
+    for row0, count in step.host_desc.tolist():  # the rows each tile reads
+        src, r = (tensors, row0) if row0 >= 0 else (step.stage, -row0 - 1)
+        d.add(*(t[r:r + count] for t in src))
+    d.add(fold.cursor, fold.done, fold.expected_rows(step.first_tile, step.num_tiles))
+
+
+def _add_table_step(d: _Digest, fold: CanonicalFold, rows: RowIdentity, tensors: tuple[torch.Tensor, ...]) -> None:
+    step = fold.take(rows, tensors)
+    plan = step.plan.long()
+    d.add(step.first_tile, step.num_tiles, step.plan, [(tuple(t.shape), t.dtype) for t in step.tensors])
+    d.add(*(torch.where((plan >= 0).view(*plan.shape, 1), t[plan.clamp(min=0)], 0) for t in step.tensors))
+    d.add(fold.cursor, fold.done)
+
+
+def _step_digest(kind: str, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    d = _Digest()
+    with _uploads_to(d):
+        _plan_trials(d, rng, kind)
+    return d.hex()
+
+
+def _plan_trials(d: _Digest, rng: np.random.Generator, kind: str) -> None:
+    for trial in range(TRIALS):
+        lengths, tile = _lengths(rng), int(rng.choice(TILES))
+        calls = [[(s, 0, n) for s, n in enumerate(lengths)]] if kind == "packed" else _pieces(rng, lengths)
+        make = {"packed": lambda c: RowIdentity.packed([p[2] for p in c]), "pieces": _as_packed,
+                "runs": lambda c: _as_runs(rng, c), "rows": lambda c: _as_rows(rng, c),
+                "table": _as_packed}[kind]
+        fold = CanonicalFold(torch.zeros(2), lengths, tile)
+        d.add(lengths, tile, fold.total_tiles)
+        for k, call in enumerate(calls):
+            rows = make(call)
+            _add_rows(d, rows)
+            tensors = _tensors(rows, 1000 * trial + k)
+            (_add_table_step if kind == "table" else _add_tile_step)(d, fold, rows, tensors)
+        d.add(fold.done, fold.finish().shape)
+
+
+def _bench_digest() -> str:
+    """The bench case ``fold_plan`` (16384 rows in 13 samples, one call and three calls, tile 64)."""
+    d = _Digest()
+    with _uploads_to(d):
+        _bench_plans(d, cases(False))
+    return d.hex()
+
+
+def _bench_plans(d: _Digest, bench_cases: list) -> None:
+    for case in bench_cases:
+        lengths = [int(n) for n in case.lengths]
+        cuts = [[n] if case.extra["calls"] == 1 else _thirds(n) for n in lengths]
+        fold = CanonicalFold(torch.zeros(2), lengths, 64)
+        for k in range(len(cuts[0])):
+            call = [(s, sum(c[:k]), c[k]) for s, c in enumerate(cuts) if c[k] > 0]
+            rows = _as_packed(call)
+            _add_rows(d, rows)
+            _add_tile_step(d, fold, rows, _tensors(rows, k))
+        d.add(fold.done)
+
+
+def _error_digest() -> str:
+    """Messages of the refusals (bad lengths, tiles, ids, positions, duplicates, overlapping runs)."""
+    d = _Digest()
+    attempts = [
+        lambda: CanonicalFold(torch.zeros(2), [3, -1], 4),
+        lambda: CanonicalFold(torch.zeros(2), [3], 0),
+        lambda: CanonicalFold(torch.zeros(2, dtype=torch.float64), [3], 4),
+        lambda: RowIdentity.packed([2], sample_ids=[-1]),
+        lambda: RowIdentity.from_runs(3, [0], [0], [2], [2]),
+        lambda: RowIdentity.from_runs(4, [0, 1], [0, 0], [2, 1], [2, 2]),
+        lambda: CanonicalFold(torch.zeros(2), [4, 4], 4).take_tiles(RowIdentity.packed([1], [2]), ()),
+        lambda: CanonicalFold(torch.zeros(2), [4, 4], 4).take_tiles(RowIdentity.packed([2], starts=[3]), ()),
+        lambda: CanonicalFold(torch.zeros(2), [4, 4], 4).take_tiles(RowIdentity.packed([2], starts=[-1]), ()),
+        lambda: CanonicalFold(torch.zeros(2), [4, 4], 4).take_tiles(RowIdentity.packed([2, 1], [1, 1], [0, 1]), ()),
+        lambda: CanonicalFold(torch.zeros(2), [4, 4], 4).take_tiles(RowIdentity.packed([2]), (torch.zeros(3),)),
+        lambda: CanonicalFold(torch.zeros(2), [4, 4], 4).finish(),
+    ]
+    for attempt in attempts:
+        try:
+            attempt()
+            d.add("ok")
+        except ValueError as e:
+            d.add(type(e).__name__, str(e))
+    fold = CanonicalFold(torch.zeros(2), [4, 4], 4)
+    fold.take_tiles(RowIdentity.packed([3]), ())
+    for rows in (RowIdentity.packed([3]), RowIdentity(torch.tensor([1, 1]), torch.tensor([2, 2]))):
+        try:
+            fold.take_tiles(rows, ())
+        except ValueError as e:
+            d.add(str(e))
+    return d.hex()
+
+
+# Recorded with the planning code of before the speed-up (see the module docstring).
+EXPECTED = {
+    "packed": "44d0020c5a9d8046732fdcaf2934ccbdaca10f03cd25139088b473054c8b8f57",
+    "pieces": "691fa3c202196925ade6045f4c8aed3b9d7d0d08f525db4f18d93e70c58e6892",
+    "runs": "400d9eb8170a624d27ddfe5f706c23046eb75590ad64e1f80734aa4af06e7624",
+    "rows": "f8dde2766851d705cf9ae2924fdd5a3ca2afba891622ac1f855c9ce7d974af8a",
+    "table": "78c64e364397e266dbf7f2c63984587a0b10882eb8ac70b1118a311a412d70b4",
+    "bench": "2bd10c5e80c07d478e8c56bd9cee17f99ec9e913a574f951f0dbe440925afec3",
+    "errors": "f1d50a4a92e51931883106606f4b01621249604682d7efa2a30e063ec7beb067",
+}
+
+DIGESTS = {
+    **{kind: (lambda kind=kind, seed=seed: _step_digest(kind, seed)) for seed, kind in
+       enumerate(("packed", "pieces", "runs", "rows", "table"))},
+    "bench": _bench_digest,
+    "errors": _error_digest,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIGESTS))
+def test_plans_keep_the_digests_of_before(name):
+    assert DIGESTS[name]() == EXPECTED[name]
+
+
+if __name__ == "__main__":  # print the digests (to record them after a deliberate change of the plans)
+    for name, fn in DIGESTS.items():
+        print(f'    "{name}": "{fn()}",')
