@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [  # top first; a unit may import units of lower layers
     {"ops"},
     {"nn"},
     {"triton_kernels", "cuda_kernels", "_C"},
-    {"layouts", "workload", "contract", "env_policy", "tracked_reds", "resolve", "kernel_api"},
+    {"layouts", "workload", "contract", "env_policy", "tracked_reds", "resolve", "kernel_api", "attention_host"},
     {"canonical", "results", "errors", "families", "stock", "__init__"},
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,10 +46,11 @@ import torch
 import triton
 import triton.language as tl
 
+from gradsweep import attention_host as host
 from gradsweep.canonical import RowIdentity
 from gradsweep.triton_kernels._common import INTERPRET, mma, pow2, to_out
 
-LOG2E = 1.4426950408889634
+LOG2E = host.LOG2E
 
 
 @dataclass(frozen=True)
@@ -438,14 +438,6 @@ def _scatter_kernel(src_a, dst_a, src_b, dst_b, rows_ptr, toks_ptr, n, ROW: tl.c
 
 
 # ------------------------------------------------------------------------------------------------- host side
-def _upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """int32 table to the device without stalling behind queued GPU work (done once per plan)."""
-    host = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
-
-
 @dataclass(frozen=True)
 class _Programs:
     """Programs of one kernel for one call: prefill programs (one query head each) and decode programs (a group)."""
@@ -457,18 +449,10 @@ class _Programs:
 def _programs(row0: np.ndarray, tok0: np.ndarray, pos0: np.ndarray, n: np.ndarray, bm: int, group: int,
               device: torch.device) -> _Programs:
     """Split runs into programs of bm tokens; a run's last piece whose group x tokens fit bm rows is packed."""
-    chunks = (n + bm - 1) // bm
-    idx = np.repeat(np.arange(len(n)), chunks)
-    k = np.arange(len(idx)) - np.repeat(np.cumsum(chunks) - chunks, chunks)
-    cnt = np.minimum(bm, n[idx] - k * bm)
-    table = np.stack([row0[idx] + k * bm, tok0[idx] + k * bm, pos0[idx] + k * bm, cnt], axis=1)
+    table = host.chunk_runs(row0, tok0, pos0, n, bm)
+    cnt = table[:, 3]
     packed = (cnt * group <= bm) if group > 1 else np.zeros(len(cnt), dtype=bool)
-    out = []
-    for sel in (~packed, packed):
-        t = table[sel]
-        t = t[np.argsort(-(t[:, 2] + t[:, 3]), kind="stable")]  # most key blocks first (load balance only)
-        out.append(_upload(t.reshape(-1, 4), device))
-    return _Programs(*out)
+    return _Programs(*host.program_tables(table, packed, device))
 
 
 @dataclass(frozen=True)
@@ -492,7 +476,6 @@ class _Plan:
 
 
 _PLANS: OrderedDict = OrderedDict()
-_PLAN_SLOTS = 64
 
 
 def _build_plan(rows: RowIdentity, lengths: np.ndarray, starts: np.ndarray, cfg: AttnConfig, group: int,
@@ -503,221 +486,21 @@ def _build_plan(rows: RowIdentity, lengths: np.ndarray, starts: np.ndarray, cfg:
     if n_rows == 0:
         z = np.zeros(0, dtype=np.int64)
         return _Plan(0, 0, False, False, z, z, z, z, z, z, _programs(z, z, z, z, cfg.bm, group, device),
-                     _programs(z, z, z, z, cfg.dq_bm, group, device), _upload(z, device), _upload(z, device))
-    brk = np.flatnonzero((sample[1:] != sample[:-1]) | (position[1:] != position[:-1] + 1)) + 1
-    first = np.concatenate([[0], brk])
-    n = np.diff(np.concatenate([first, [n_rows]]))
-    s = sample[first]
-    real = s >= 0
-    first, n, s = first[real], n[real], s[real]
-    p0 = position[first]
-    if len(s) and int(s.max()) >= len(lengths):
-        raise ValueError(f"attention: sample id {int(s.max())} outside the step's {len(lengths)} samples")
-    if ((p0 < 0) | (p0 + n > lengths[s])).any():
-        raise ValueError("attention: a row's position lies outside its sample")
-    tok0 = starts[s] + p0
-    n_real = int(n.sum())
-    chain = _chains(s, p0, n)
-    nonempty = np.flatnonzero(lengths > 0)
-    full = (n_real == n_rows == int(lengths.sum()) and len(s) == len(nonempty) and bool((s == nonempty).all())
-            and bool((p0 == 0).all()) and bool((n == lengths[s]).all()) and bool((first == starts[s]).all()))
-    run_of = np.repeat(np.arange(len(n)), n)
-    off = np.arange(n_real) - np.repeat(np.cumsum(n) - n, n)
-    return _Plan(n_rows, n_real, n_real < n_rows, full, s, p0, n, *chain,
-                 _programs(first, tok0, p0, n, cfg.bm, group, device),
-                 _programs(first, tok0, p0, n, cfg.dq_bm, group, device),
-                 _upload(first[run_of] + off, device), _upload(tok0[run_of] + off, device))
+                     _programs(z, z, z, z, cfg.dq_bm, group, device), host.upload(z, device), host.upload(z, device))
+    r = host.runs(sample, position, lengths, starts)
+    row_index, tok_index = r.scatter_index()
+    return _Plan(n_rows, r.n_real, r.n_real < n_rows, r.full, r.s, r.p0, r.n, *r.chain,
+                 _programs(r.first, r.tok0, r.p0, r.n, cfg.bm, group, device),
+                 _programs(r.first, r.tok0, r.p0, r.n, cfg.dq_bm, group, device),
+                 host.upload(row_index, device), host.upload(tok_index, device))
 
 
-def _chains(s: np.ndarray, p0: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per sample of a call: (sample, first position, end); its runs must tile one range (no gap, no repeat)."""
-    if len(s) == 0:
-        return s, p0, p0
-    order = np.lexsort((p0, s))
-    s, p0, n = s[order], p0[order], n[order]
-    new = np.concatenate([[True], s[1:] != s[:-1]])
-    follows = np.concatenate([[0], p0[:-1] + n[:-1]])
-    bad = ~new & (p0 != follows)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        what = "a token's K / V was written twice" if p0[i] < follows[i] else "some keys before it are in no call"
-        raise ValueError(f"attention: sample {int(s[i])} position {int(p0[i])} of one call: {what}")
-    last = np.concatenate([np.flatnonzero(new[1:]), [len(s) - 1]])
-    return s[new], p0[new], p0[last] + n[last]
-
-
-class _QueryFold:
-    """Where the dK / dV fold over canonical query tiles stands: done once every token's backward has run."""
+class _QueryFold(host.QueryFold):
+    """The fold's state, with the step's lengths at hand."""
 
     def __init__(self, lengths: np.ndarray, total: int, tile: int) -> None:
         self.lengths = lengths
-        self.tile = tile
-        self.total_tokens = total
-        self.tokens_in = 0
-        self.done = False
-
-
-_WORK: OrderedDict = OrderedDict()
-_STEPS: OrderedDict = OrderedDict()
-
-
-def _step(lengths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int, tuple[int, ...]]:
-    """Lengths, start tokens and total of a step's samples (cached: every layer's cache of a step shares them)."""
-    hit = _STEPS.get(lengths)
-    if hit is None:
-        arr = np.asarray(lengths, dtype=np.int64)
-        if (arr < 0).any():
-            raise ValueError("attention: sample lengths must be >= 0")
-        starts = np.concatenate([[0], np.cumsum(arr)])[:-1].astype(np.int64)
-        hit = _STEPS[lengths] = (arr, starts, int(arr.sum()), lengths)
-        while len(_STEPS) > 16:
-            _STEPS.popitem(last=False)
-    return hit
-
-
-def _kv_work(lengths: np.ndarray, starts: np.ndarray, kv_bn: int, device: torch.device) -> torch.Tensor:
-    """Rows of the dK / dV launch (sample start token, first key, length), heaviest first; once per lengths."""
-    key = (lengths.tobytes(), kv_bn, str(device))  # once per step shape
-    if key not in _WORK:
-        blocks = (lengths + kv_bn - 1) // kv_bn
-        s = np.repeat(np.arange(len(lengths)), blocks)
-        k0 = (np.arange(len(s)) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * kv_bn
-        work = np.stack([starts[s], k0, lengths[s]], axis=1)
-        work = work[np.argsort(-(work[:, 2] - work[:, 1]), kind="stable")]
-        _WORK[key] = _upload(work.reshape(-1, 3), device)
-        while len(_WORK) > 16:
-            _WORK.popitem(last=False)
-    return _WORK[key]
-
-
-class AttentionCache:
-    """State of one layer over one step: the logical K / V (and Q, dO, lse, delta) stores and FP32 dK / dV.
-
-    ``dk`` / ``dv``: optional FP32 [T, kv_heads, d] accumulators (main grads) the fold adds to; zero otherwise.
-    """
-
-    def __init__(self, lengths: Sequence[int], heads: int, head_dim: int, device, *, kv_heads: int | None = None,
-                 config: AttnConfig | None = None, dk: torch.Tensor | None = None,
-                 dv: torch.Tensor | None = None) -> None:
-        self.config = DEFAULT_CONFIG if config is None else config
-        self.lengths, self.starts, self.total, lengths_key = _step(tuple(int(n) for n in lengths))
-        self.heads, self.head_dim = int(heads), int(head_dim)
-        self.kv_heads = self.heads if kv_heads is None else int(kv_heads)
-        if self.kv_heads <= 0 or self.heads % self.kv_heads:
-            raise ValueError(f"attention: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}; "
-                             "use kv_heads that divides heads")
-        self.group = self.heads // self.kv_heads
-        self.device = torch.device(device)
-        self._key = (lengths_key, self.config, self.group, str(self.device))
-        shape_kv = (self.total, self.kv_heads, self.head_dim)
-        for name, acc in (("dk", dk), ("dv", dv)):
-            if acc is not None and (acc.dtype != torch.float32 or tuple(acc.shape) != shape_kv
-                                    or not acc.is_contiguous() or acc.device != self.device):
-                raise ValueError(f"attention: {name} must be a contiguous float32 tensor {shape_kv} on {self.device}")
-        if (dk is None) != (dv is None):
-            raise ValueError("attention: pass both dk and dv accumulators, or neither")
-        self.dk, self.dv = dk, dv
-        self._load_acc = dk is not None
-        self.fold = _QueryFold(self.lengths, self.total, self.config.tile)
-        self._extent = np.zeros(len(self.lengths), dtype=np.int64)  # positions [0, extent) of a sample are written
-        self._mode: str | None = None                               # "alias" or "store", fixed by the first call
-        self.k = self.v = self.q = self.do = None
-        self.lse = torch.empty((self.heads, self.total), dtype=torch.float32, device=self.device)
-        self.delta: torch.Tensor | None = None
-
-    # -- plans and bookkeeping (host, O(runs) per call) ---------------------------------------------------------
-    def plan(self, rows: RowIdentity) -> _Plan:
-        """The call's plan, built once per RowIdentity object and config (every layer of a step reuses it)."""
-        key = (id(rows), self._key)
-        hit = _PLANS.get(key)
-        if hit is not None and hit[0] is rows:
-            _PLANS.move_to_end(key)
-            return hit[1]
-        plan = _build_plan(rows, self.lengths, self.starts, self.config, self.group, self.device)
-        _PLANS[key] = (rows, plan)  # holding rows keeps its id from being reused while the entry lives
-        while len(_PLANS) > _PLAN_SLOTS:
-            _PLANS.popitem(last=False)
-        return plan
-
-    def mark(self) -> np.ndarray:
-        """Host state of the store (how far each sample is written): ``rewind`` to it to redo later calls."""
-        if self._mode == "alias":
-            raise ValueError("attention: a cache whose one call held every token cannot be rewound")
-        return self._extent.copy()
-
-    def rewind(self, mark: np.ndarray) -> None:
-        """Forget the tokens written after ``mark`` (they are written again by the next calls; forward only)."""
-        if self.fold.tokens_in:
-            raise ValueError("attention: cannot rewind a cache whose backward has started")
-        self._extent = np.asarray(mark, dtype=np.int64).copy()
-
-    def _check_writes(self, plan: _Plan) -> None:
-        """Each sample's rows of the call continue exactly where its written positions end (no gap, no rewrite)."""
-        if plan.n_real == 0:
-            return
-        written = self._extent[plan.chain_sample]
-        bad = written != plan.chain_first
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            s, p = int(plan.chain_sample[i]), int(plan.chain_first[i])
-            if p < written[i]:
-                raise ValueError(f"attention: sample {s} position {p}: a token's K / V was written twice")
-            raise ValueError(f"attention: sample {s} queries position {p} but some earlier keys were never written "
-                             "(calls of a sample must come in position order)")
-        self._extent[plan.chain_sample] = plan.chain_end
-
-    def _store(self, shape_row: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        return torch.empty((self.total, *shape_row), dtype=like.dtype, device=self.device)
-
-    def _write(self, plan: _Plan, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None) -> None:
-        """Put the call's K / V (and Q when a backward will follow) where the kernels read them."""
-        if plan.n_real == 0:  # a call of pads and fillers only: nothing to keep, and it decides nothing
-            return
-        if self._mode is None:
-            self._mode = "alias" if plan.full else "store"
-        if self._mode == "alias":
-            if self.k is not None:  # unreachable: the one call held every token, so _check_writes refused this one
-                raise ValueError("attention: a cache whose one call held every token takes no other call")
-            self.k, self.v, self.q = k, v, q
-            return
-        if self.k is None:
-            self.k, self.v = self._store(k.shape[1:], k), self._store(v.shape[1:], v)
-        _scatter(plan, (k, self.k), (v, self.v))
-        if q is not None:
-            if self.q is None:
-                self.q = self._store(q.shape[1:], q)
-            _scatter(plan, (q, self.q))
-
-    def _write_do(self, plan: _Plan, do: torch.Tensor) -> None:
-        if plan.n_real == 0:
-            return
-        if self._mode == "alias":
-            self.do = do
-            return
-        if self.do is None:
-            self.do = self._store(do.shape[1:], do)
-        _scatter(plan, (do, self.do))
-
-    def _backward_done(self, plan: _Plan) -> None:
-        """Count the call's tokens into the fold; the call that completes the step launches dK / dV."""
-        self.fold.tokens_in += plan.n_real
-        if self.fold.tokens_in > self.total:
-            raise ValueError("attention: a token's backward ran twice")
-        if self.fold.tokens_in == self.total and not self.fold.done:
-            _launch_dkdv(self)
-            self.fold.done = True
-            self.q = self.do = None  # the fold read them; K / V stay (a cache may still be read)
-
-    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """FP32 dK, dV [T_total, kv_heads, d] (logical order); raises if some token never had its backward."""
-        if not self.fold.done:
-            if self.total:
-                missing = self.total - self.fold.tokens_in
-                raise ValueError(f"attention: {missing} tokens never reached the backward, so the dK / dV fold "
-                                 "over canonical query tiles never completed")
-            _launch_dkdv(self)
-            self.fold.done = True
-        return self.dk, self.dv
+        super().__init__(total, tile)
 
 
 def _scatter(plan: _Plan, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -746,12 +529,7 @@ def _launch_rows(kernel, progs: _Programs, cache: AttentionCache, args: tuple, w
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdentity, cache: AttentionCache,
              need_grad: bool) -> tuple[torch.Tensor, _Plan]:
     cfg = cache.config
-    plan = cache.plan(rows)
-    if plan.n_real and cache.fold.done:
-        raise ValueError("attention: this cache's dK / dV fold is complete; make a new AttentionCache per step")
-    cache._check_writes(plan)
-    cache._write(plan, k, v, q if need_grad else None)
-    o = torch.zeros_like(q) if plan.has_pads else torch.empty_like(q)
+    plan, o = cache._begin_forward(rows, q, k, v, need_grad)
     qk_scale = LOG2E / math.sqrt(cache.head_dim)
     _launch_rows(_fwd_kernel, plan.fwd, cache, (q, cache.k, cache.v, o, cache.lse, (qk_scale,)), cfg.fwd_warps,
                  BM=cfg.bm, BN=cfg.bn, STAGES=cfg.fwd_stages, SPLIT=cfg.split, ROWSUM_DOT=cfg.rowsum_dot)
@@ -760,32 +538,22 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdentit
 
 def _backward(q: torch.Tensor, o: torch.Tensor, do: torch.Tensor, plan: _Plan, cache: AttentionCache) -> torch.Tensor:
     cfg = cache.config
-    do = do.contiguous()
-    if do.dtype != o.dtype:
-        raise ValueError(f"attention: the upstream gradient must be {o.dtype}, got {do.dtype}")
-    if cache.delta is None:
-        cache.delta = torch.empty((cache.heads, cache.total), dtype=torch.float32, device=cache.device)
-    dq = torch.zeros_like(q) if plan.has_pads else torch.empty_like(q)
+    do, dq = cache._begin_backward(plan, q, o, do)
     sm_scale = 1.0 / math.sqrt(cache.head_dim)
     _launch_rows(_dq_kernel, plan.dq, cache, (q, cache.k, cache.v, o, do, dq, cache.lse, cache.delta,
                                               (sm_scale * LOG2E, sm_scale)),
                  cfg.dq_warps, BM=cfg.dq_bm, BN=cfg.dq_bn, STAGES=cfg.dq_stages, SPLIT=cfg.split,
                  EXACT_DELTA=cfg.fp32_grads)
-    cache._write_do(plan, do)
-    cache._backward_done(plan)
+    cache._end_backward(plan, do)
     return dq
 
 
 def _launch_dkdv(cache: AttentionCache) -> None:
     """Fold every canonical query tile into dK / dV (one launch, after the step's last backward)."""
     cfg = cache.config
-    shape = (cache.total, cache.kv_heads, cache.head_dim)
-    if cache.dk is None:  # no accumulator handed in: the kernel starts from zero (same bits as loading zeros)
-        cache.dk = torch.empty(shape, dtype=torch.float32, device=cache.device)
-        cache.dv = torch.empty(shape, dtype=torch.float32, device=cache.device)
-    if cache.total == 0:
+    if not cache._fold_outputs():
         return
-    work = _kv_work(cache.lengths, cache.starts, cfg.kv_bn, cache.device)
+    work = host.kv_work(cache.lengths, cache.starts, cfg.kv_bn, cache.device)
     sm_scale = 1.0 / math.sqrt(cache.head_dim)
     _dkdv_kernel[(cache.kv_heads, work.shape[0])](
         cache.k, cache.v, cache.q, cache.do, cache.lse, cache.delta, cache.dk, cache.dv, work, cache.heads,
@@ -794,19 +562,21 @@ def _launch_dkdv(cache: AttentionCache) -> None:
         LOAD_ACC=cache._load_acc, FP32_GRADS=cfg.fp32_grads, PORTABLE=INTERPRET, num_warps=cfg.kv_warps)
 
 
-class _AttentionFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, rows, cache):  # type: ignore[override]
-        o, plan = _forward(q, k, v, rows, cache, need_grad=True)
-        ctx.save_for_backward(q, o)
-        ctx.plan, ctx.cache = plan, cache
-        return o
+class AttentionCache(host.HostAttentionCache):
+    """State of one layer over one step (``HostAttentionCache``: stores, dK / dV accumulators, bookkeeping) with
+    the Triton family's plans and launches."""
 
-    @staticmethod
-    def backward(ctx, do):  # type: ignore[override]
-        q, o = ctx.saved_tensors
-        dq = _backward(q, o, do, ctx.plan, ctx.cache)
-        return (dq if ctx.needs_input_grad[0] else None), None, None, None, None  # dK / dV: cache.finish()
+    _plans = _PLANS
+    _default_config = DEFAULT_CONFIG
+    _build_plan = staticmethod(_build_plan)
+    _scatter = staticmethod(_scatter)
+    _launch_dkdv = staticmethod(_launch_dkdv)
+
+    def _new_fold(self) -> host.QueryFold:
+        return _QueryFold(self.lengths, self.total, self.config.tile)
+
+
+_AttentionFn = host.autograd_function(_forward, _backward)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdentity,
@@ -818,17 +588,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdenti
     every token of the step has had its backward (``cache.finish()``). Pad and filler rows (sample < 0) output
     zeros and touch neither the store nor the gradients.
     """
-    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise ValueError(f"attention: q [R, heads, d] and k, v [R, kv_heads, d] expected, got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if (q.shape[1], k.shape[1], q.shape[2]) != (cache.heads, cache.kv_heads, cache.head_dim):
-        raise ValueError(f"attention: rows have heads, kv_heads, d = {(q.shape[1], k.shape[1], q.shape[2])}, the "
-                         f"cache {(cache.heads, cache.kv_heads, cache.head_dim)}")
-    if rows.num_rows != q.shape[0]:
-        raise ValueError(f"attention: {rows.num_rows} row identities for {q.shape[0]} rows")
+    host.check_call(q, k, v, rows, cache)
     if any(t.dtype != torch.bfloat16 for t in (q, k, v)):
         raise ValueError(f"attention: q, k, v must be bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _AttentionFn.apply(q, k, v, rows, cache)
-    return _forward(q, k, v, rows, cache, need_grad=False)[0]
+    return host.run_call(_AttentionFn, _forward, q, k, v, rows, cache)
