@@ -163,6 +163,27 @@ class RoPE(_Module):
         return ops.rope(self.family, x, ctx.positions, self.theta, ctx.id, _grad(x))[0]
 
 
+def _sample_rows(rows, device: torch.device):
+    """(sample, its rows of the call on ``device`` in position order, their positions, the first position) for each
+    real sample of the call."""
+    sample, position = rows.sample, rows.position
+    for s in torch.unique(sample[sample >= 0]).tolist():
+        idx = torch.nonzero(sample == s)[:, 0]
+        idx = idx[torch.argsort(position[idx])]
+        yield s, idx.to(device), position[idx].to(device), int(position[idx[0]])
+
+
+def _causal_sdpa(q: Tensor, keys: Tensor, vals: Tensor, pos: Tensor, first: int) -> Tensor:
+    """Stock SDPA of one sample's query rows (positions ``pos``) over its keys so far, causal, GQA: [rows, heads, d]."""
+    qs, ks, vs = (t.transpose(0, 1)[None] for t in (q, keys, vals))
+    if first == 0:
+        o = stock_sdpa(qs, ks, vs, is_causal=True, enable_gqa=True)
+    else:
+        key_pos = torch.arange(keys.shape[0], device=q.device)
+        o = stock_sdpa(qs, ks, vs, attn_mask=key_pos[None, :] <= pos[:, None], enable_gqa=True)
+    return o[0].transpose(0, 1)
+
+
 class Attention(_Module):
     """Causal attention of each row over its sample's keys so far (earlier calls' keys through the layer's cache),
     grouped-query: q [R, heads, d], k / v [R, kv_heads, d] with heads a multiple of kv_heads.
@@ -197,27 +218,15 @@ class Attention(_Module):
 
     def _stock(self, q: Tensor, k: Tensor, v: Tensor, ctx: ChainContext) -> Tensor:
         cache: dict[int, tuple[Tensor, Tensor]] = ctx.state.setdefault(f"kv{self.layer}", {})
-        sample, position = ctx.rows.sample, ctx.rows.position
         out = torch.zeros_like(q)
-        for s in torch.unique(sample[sample >= 0]).tolist():
-            idx = torch.nonzero(sample == s)[:, 0]
-            idx = idx[torch.argsort(position[idx])]
-            pos = position[idx].to(q.device)
-            dev_idx = idx.to(q.device)
+        for s, dev_idx, pos, first in _sample_rows(ctx.rows, q.device):
             past_k, past_v = cache.get(s, (k[:0], v[:0]))
-            if past_k.shape[0] != int(position[idx[0]]):
-                raise ValueError(f"attention: sample {s} starts at position {int(position[idx[0]])} with "
+            if past_k.shape[0] != first:
+                raise ValueError(f"attention: sample {s} starts at position {first} with "
                                  f"{past_k.shape[0]} cached keys (calls of a sample must come in position order)")
             keys, vals = torch.cat([past_k, k[dev_idx]]), torch.cat([past_v, v[dev_idx]])
             cache[s] = (keys, vals)
-            qs, ks, vs = (t.transpose(0, 1)[None] for t in (q[dev_idx], keys, vals))
-            if past_k.shape[0] == 0:
-                o = stock_sdpa(qs, ks, vs, is_causal=True, enable_gqa=True)
-            else:
-                key_pos = torch.arange(keys.shape[0], device=q.device)
-                mask = key_pos[None, :] <= pos[:, None]
-                o = stock_sdpa(qs, ks, vs, attn_mask=mask, enable_gqa=True)
-            out = out.index_put((dev_idx,), o[0].transpose(0, 1))
+            out = out.index_put((dev_idx,), _causal_sdpa(q[dev_idx], keys, vals, pos, first))
         return out
 
     def stock_keys(self, ctx: ChainContext, sample: int, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -243,21 +252,15 @@ class StockAttentionCall:
 
     def __init__(self, attn: Attention, q: Tensor, k: Tensor, v: Tensor, ctx: ChainContext) -> None:
         self.q = q.detach().requires_grad_(True)
-        self.rows = ctx.rows
         self.kv: list[tuple[int, Tensor, Tensor]] = []  # (sample, its rows in this call, their positions)
-        sample, position = ctx.rows.sample, ctx.rows.position
         out = torch.zeros_like(q)
         self.leaves: dict[int, tuple[Tensor, Tensor]] = {}
         with torch.enable_grad():
-            for s in torch.unique(sample[sample >= 0]).tolist():
-                idx = torch.nonzero(sample == s)[:, 0]
-                idx = idx[torch.argsort(position[idx])]
-                pos = position[idx].to(q.device)
-                dev_idx = idx.to(q.device)
+            for s, dev_idx, pos, first in _sample_rows(ctx.rows, q.device):
                 keys, vals = attn.stock_keys(ctx, s, k)
-                first, end = int(position[idx[0]]), int(position[idx[-1]]) + 1
+                end = first + int(dev_idx.shape[0])
                 filled = ctx.state.setdefault(f"kv_filled{attn.layer}", {})
-                if first != filled.get(s, 0) or end - first != idx.shape[0]:
+                if first != filled.get(s, 0) or int(pos[-1]) + 1 != end:
                     raise ValueError(f"attention: sample {s} continues at position {first} after {filled.get(s, 0)} "
                                      "cached keys (calls of a sample must come in position order, without gaps)")
                 filled[s] = end
@@ -265,14 +268,7 @@ class StockAttentionCall:
                 vals.data[first:end] = v[dev_idx].detach()
                 self.leaves[s] = (keys, vals)
                 self.kv.append((s, dev_idx, pos))
-                qs, ks, vs = (t.transpose(0, 1)[None] for t in (self.q[dev_idx], keys[:end], vals[:end]))
-                if first == 0:
-                    o = stock_sdpa(qs, ks, vs, is_causal=True, enable_gqa=True)
-                else:
-                    key_pos = torch.arange(end, device=q.device)
-                    mask = key_pos[None, :] <= pos[:, None]
-                    o = stock_sdpa(qs, ks, vs, attn_mask=mask, enable_gqa=True)
-                out = out.index_put((dev_idx,), o[0].transpose(0, 1))
+                out = out.index_put((dev_idx,), _causal_sdpa(self.q[dev_idx], keys[:end], vals[:end], pos, first))
         self.o = out
         self.k_like, self.v_like = k, v
 
