@@ -20,7 +20,7 @@ import torch
 from gradsweep.canonical import RowIdentity
 
 LOG2E = 1.4426950408889634
-PLAN_SLOTS = 64  # plans kept per family (an LRU keyed by RowIdentity object)
+PLAN_SLOTS = 64  # plans kept per family (an LRU keyed by row content)
 
 
 def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -236,14 +236,16 @@ class HostAttentionCache:
 
     # -- plans and bookkeeping (host, O(runs) per call) ---------------------------------------------------------
     def plan(self, rows: RowIdentity) -> Any:
-        """The call's plan, built once per RowIdentity object and config (every layer of a step reuses it)."""
-        key = (id(rows), self._key)
+        """The call's plan, built once per row content and config: every layer of a step reuses it, and so does
+        a later step of the same layout. A plan depends only on which rows are real and where their samples and
+        positions lie (pads and fillers take no program), which is what ``rows.runs`` holds."""
+        key = (rows.num_rows, rows.runs.key, self._key)
         hit = self._plans.get(key)
-        if hit is not None and hit[0] is rows:
+        if hit is not None:
             self._plans.move_to_end(key)
-            return hit[1]
+            return hit
         plan = self._build_plan(rows, self.lengths, self.starts, self.config, self.group, self.device)
-        self._plans[key] = (rows, plan)  # holding rows keeps its id from being reused while the entry lives
+        self._plans[key] = plan
         while len(self._plans) > PLAN_SLOTS:
             self._plans.popitem(last=False)
         return plan

@@ -27,6 +27,7 @@ harness code. Launch a step's kernels before the fold's next take (staging block
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -53,6 +54,12 @@ class Runs:
     def total(self) -> int:
         """Real rows in the runs."""
         return int(self.length.sum())
+
+    @cached_property
+    def key(self) -> bytes:
+        """The runs' content as one bytes string: equal keys, equal rows (what content-keyed plan caches use)."""
+        return b"".join(np.ascontiguousarray(a, dtype=np.int64).tobytes()
+                        for a in (self.sample, self.pos0, self.row0, self.length))
 
 
 def _maximal(sample: np.ndarray, pos0: np.ndarray, row0: np.ndarray, length: np.ndarray) -> Runs:
@@ -224,6 +231,7 @@ class TileStep:
     stage_rows: int
     first_tile: int
     tile: int
+    in_place_rows: int = -1  # rows of the call the direct tiles read (-1: not counted)
 
     @property
     def num_tiles(self) -> int:
@@ -239,6 +247,10 @@ class TileStep:
         d = self.host_desc
         own = d[:, 0] >= 0
         return d[own, 0].astype(np.int64), d[own, 1].astype(np.int64)
+
+    def covers(self, n_rows: int) -> bool:
+        """Whether the direct tiles read every one of the call's ``n_rows`` rows (then no row is left over)."""
+        return self.in_place_rows == n_rows
 
 
 @dataclass(frozen=True)
@@ -287,6 +299,16 @@ def _layout(lengths_bytes: bytes, tile: int) -> _Layout:
     return _Layout(total_tiles, *arrays)
 
 
+_TRANSITIONS: OrderedDict = OrderedDict()
+TRANSITION_SLOTS = 512
+
+
+def clear_plan_caches() -> None:
+    """Forget every cached layout and transition (benchmarks of the cold plan; tests)."""
+    _layout.cache_clear()
+    _TRANSITIONS.clear()
+
+
 class CanonicalFold:
     """FP32 main-grad accumulator plus the rows carried between calls, for one parameter gradient.
 
@@ -304,7 +326,8 @@ class CanonicalFold:
         self.main_grad = main_grad
         self.tile = int(tile)
         self.lengths = lengths
-        layout = _layout(lengths.tobytes(), self.tile)
+        self._layout_key = (lengths.tobytes(), self.tile)
+        layout = _layout(*self._layout_key)
         self.total_tiles = layout.total_tiles
         self._layout = layout
         self._slot_base, self._slot_end, self._expected = layout.slot_base, layout.slot_end, layout.expected
@@ -358,6 +381,34 @@ class CanonicalFold:
         if j >= 0 and self._hi[j] > at:
             return min(int(self._hi[j]) // self.tile, self.total_tiles)
         return self.cursor
+
+    # ------------------------------------------------------------------------------------ cached transitions
+    # Every parameter of a step has its own fold, and every fold of one layout sees the same calls: the plan of
+    # a call that stages nothing is a function of (layout, received slots, cursor, the call's runs) alone, so
+    # it is computed (and uploaded) once and replayed for every other fold that meets the same state.
+    def _transition_key(self, kind: str, runs: Runs, device: torch.device) -> tuple | None:
+        """The cache key of this call from this state; None while staged rows wait (their blocks matter too)."""
+        if self._stage is not None and len(self._free) != self._stage_blocks:
+            return None
+        return (kind, self._layout_key, self.cursor, self._lo.tobytes(), self._hi.tobytes(), runs.key, str(device))
+
+    def _replay(self, key: tuple | None) -> tuple | None:
+        """Apply a cached transition (the state after it, and its result), or None."""
+        hit = _TRANSITIONS.get(key) if key is not None else None
+        if hit is None:
+            return None
+        _TRANSITIONS.move_to_end(key)
+        self._lo, self._hi, self.cursor = hit[0], hit[1], hit[2]
+        return hit[3]
+
+    def _remember(self, key: tuple | None, result: tuple) -> None:
+        if key is None:
+            return
+        self._lo.flags.writeable = False  # shared with every fold that replays this transition
+        self._hi.flags.writeable = False
+        _TRANSITIONS[key] = (self._lo, self._hi, self.cursor, result)
+        while len(_TRANSITIONS) > TRANSITION_SLOTS:
+            _TRANSITIONS.popitem(last=False)
 
     # ----------------------------------------------------------------------------------------------- staging
     def _stage_tensors(self, tensors: tuple[torch.Tensor, ...], blocks: int) -> tuple[torch.Tensor, ...]:
@@ -451,9 +502,15 @@ class CanonicalFold:
         tensors = tuple(tensors)
         self._check_tensors(rows, tensors)
         runs = rows.runs
+        device = tensors[0].device if tensors else torch.device("cpu")
+        c0, tile = self.cursor, self.tile
+        key = self._transition_key("tiles", runs, device)
+        hit = self._replay(key)
+        if hit is not None:
+            return TileStep(hit[0], hit[1], tensors, 0, c0, tile, hit[2])
         slot0, slot1 = self._register(runs)
         row0 = runs.row0
-        c0, c1, tile = self.cursor, self._advance(), self.tile
+        c1 = self._advance()
         n_ready = c1 - c0
         if n_ready:
             if len(slot0) > 1 and not (slot0[1:] > slot0[:-1]).all():  # runs in slot order
@@ -476,9 +533,11 @@ class CanonicalFold:
                 stage_rows = int(blocks[~direct].max() + 1) * tile
         else:
             self.cursor = c1
-        device = tensors[0].device if tensors else torch.device("cpu")
         stage = self._stage if (self._stage is not None and stage_rows) else tensors
-        return TileStep(_upload(desc, device), desc, stage, stage_rows, c0, tile)
+        step = TileStep(_upload(desc, device), desc, stage, stage_rows, c0, tile, in_place)
+        if in_place == runs.total:  # nothing staged or carried: the same call from the same state replays this
+            self._remember(key, (step.desc, desc, in_place))
+        return step
 
     def take(self, rows: RowIdentity, tensors: Sequence[torch.Tensor]) -> FoldStep:
         """Register one call's rows; return the tiles to fold now as a row-index table (see ``FoldStep``).
@@ -489,8 +548,14 @@ class CanonicalFold:
         tensors = tuple(tensors)
         self._check_tensors(rows, tensors)
         runs = rows.runs
+        device = tensors[0].device if tensors else torch.device("cpu")
+        key = self._transition_key("rows", runs, device)
+        c0 = self.cursor
+        hit = self._replay(key)
+        if hit is not None:
+            return FoldStep(hit, tensors, c0)
         slot0, slot1 = self._register(runs)
-        c0, c1, tile = self.cursor, self._advance(), self.tile
+        c1, tile = self._advance(), self.tile
         n_ready = c1 - c0
         piece_tile, piece_lo, piece_row, piece_len = self._pieces(slot0, slot1, runs.row0)
         ready = piece_tile < c1
@@ -508,8 +573,10 @@ class CanonicalFold:
         if n_stage:
             assert self._stage is not None
             source = tuple(torch.cat([st[:n_stage], t]) for st, t in zip(self._stage, tensors))
-        device = tensors[0].device if tensors else torch.device("cpu")
-        return FoldStep(_upload(plan.astype(np.int32), device), source, c0)
+        step = FoldStep(_upload(plan.astype(np.int32), device), source, c0)
+        if ready.all() and not n_stage:  # nothing staged, carried or read from staging: replayable
+            self._remember(key, step.plan)
+        return step
 
     def finish(self) -> torch.Tensor:
         """Check that every token was folded and return the main grad."""

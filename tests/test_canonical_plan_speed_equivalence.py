@@ -141,9 +141,12 @@ def _add_table_step(d: _Digest, fold: CanonicalFold, rows: RowIdentity, tensors:
     d.add(fold.cursor, fold.done)
 
 
-def _step_digest(kind: str, seed: int) -> str:
+def _step_digest(kind: str, seed: int, uploads: bool = True) -> str:
     rng = np.random.default_rng(seed)
     d = _Digest()
+    if not uploads:  # a replayed plan uploads nothing: compare what the kernels receive
+        _plan_trials(d, rng, kind)
+        return d.hex()
     with _uploads_to(d):
         _plan_trials(d, rng, kind)
     return d.hex()
@@ -176,6 +179,8 @@ def _bench_digest() -> str:
 
 def _bench_plans(d: _Digest, bench_cases: list) -> None:
     for case in bench_cases:
+        if case.extra.get("warm"):  # the same plans as the cold case of its layout
+            continue
         lengths = [int(n) for n in case.lengths]
         cuts = [[n] if case.extra["calls"] == 1 else _thirds(n) for n in lengths]
         fold = CanonicalFold(torch.zeros(2), lengths, 64)
@@ -239,9 +244,51 @@ DIGESTS = {
 }
 
 
+@pytest.fixture
+def no_replay(monkeypatch):
+    """Plans computed, never replayed from the transition cache (the digests hash every upload)."""
+    canonical.clear_plan_caches()
+    monkeypatch.setattr(canonical, "TRANSITION_SLOTS", 0)
+    yield
+    canonical.clear_plan_caches()
+
+
 @pytest.mark.parametrize("name", sorted(DIGESTS))
-def test_plans_keep_the_digests_of_before(name):
+def test_plans_keep_the_digests_of_before(name, no_replay):
     assert DIGESTS[name]() == EXPECTED[name]
+
+
+@pytest.mark.parametrize("kind", ["packed", "pieces", "runs", "rows", "table"])
+def test_replayed_transitions_give_the_computed_plans(kind, monkeypatch):
+    """A second pass over the same steps replays cached transitions (fresh folds meeting the same state and
+    calls, as a step's other parameters do): every descriptor, table, row read and fold state is the same as
+    when computed, and a planted wrong replay is seen."""
+    canonical.clear_plan_caches()
+    hits = []
+    real = CanonicalFold._replay
+
+    def counted(self, key):
+        out = real(self, key)
+        hits.append(out is not None)
+        return out
+
+    monkeypatch.setattr(CanonicalFold, "_replay", counted)
+    monkeypatch.setattr(canonical, "TRANSITION_SLOTS", 0)
+    computed = _step_digest(kind, 7, uploads=False)  # nothing kept: every plan computed
+    assert not any(hits)
+    monkeypatch.setattr(canonical, "TRANSITION_SLOTS", 4096)
+    assert _step_digest(kind, 7, uploads=False) == computed  # kept (and replayed where a state repeats)
+    hits.clear()
+    assert _step_digest(kind, 7, uploads=False) == computed  # replayed wherever the call stages nothing
+    assert sum(hits) > 0
+    key, entry = next(iter(canonical._TRANSITIONS.items()))  # plant: the oldest cached cursor moved by one tile
+    canonical._TRANSITIONS[key] = (entry[0], entry[1], max(entry[2] - 1, 0) if entry[2] else 1, entry[3])
+    try:
+        planted = _step_digest(kind, 7, uploads=False)
+    except ValueError:  # the fold saw a tile never completed
+        planted = None
+    assert planted != computed
+    canonical.clear_plan_caches()
 
 
 if __name__ == "__main__":  # print the digests (to record them after a deliberate change of the plans)

@@ -267,3 +267,19 @@ def test_pad_only_and_empty_calls_output_zeros_and_count_no_tokens():
     attn.attention(qq, k, v, RowIdentity.packed(lengths), cache).sum().backward()
     dk, dv = cache.finish()
     assert torch.isfinite(dk).all() and torch.isfinite(dv).all() and torch.isfinite(qq.grad.float()).all()
+
+
+def test_plans_are_shared_by_row_content_and_differ_with_it():
+    """A plan is keyed by what the rows are (real rows' samples, positions, places), not by the RowIdentity
+    object: a later step of the same layout reuses it, and rows that differ (a pad moved) get their own."""
+    cache = attn.AttentionCache([5, 3], 2, 32, "cpu", kv_heads=1)
+    packed = RowIdentity.packed([5, 3])
+    same = RowIdentity(torch.tensor([0, 0, 0, 0, 0, 1, 1, 1]), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2]))
+    assert cache.plan(packed) is cache.plan(same)
+    padded = RowIdentity(torch.tensor([0, 0, 0, 0, 0, -1, 1, 1, 1]), torch.tensor([0, 1, 2, 3, 4, 0, 0, 1, 2]))
+    moved = RowIdentity(torch.tensor([0, 0, 0, 0, 0, 1, 1, 1, -1]), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 0]))
+    a, b = cache.plan(padded), cache.plan(moved)
+    assert a is not b and a is not cache.plan(packed)
+    assert a.rows.tolist() == [0, 1, 2, 3, 4, 6, 7, 8] and b.rows.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    other = attn.AttentionCache([5, 3], 2, 32, "cpu", kv_heads=2)  # another group: another plan
+    assert other.plan(packed) is not cache.plan(packed)

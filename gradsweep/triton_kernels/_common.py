@@ -263,7 +263,7 @@ def norm_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tens
         partials = torch.empty((step.num_tiles, weight.shape[0]), dtype=torch.float32, device=x.device)
         launch(step.desc, x, dy, xs, dys, dx=dx_arg, partials=partials, fold=True, store_dx=need_dx)
         fold_partials(partials, fold.main_grad.view(-1))
-    if need_dx and x.numel():
+    if need_dx and x.numel() and not step.covers(n_rows):
         rest = rest_desc(n_rows, step.direct_rows(), tile)
         if len(rest):
             launch(upload(rest, x.device), x, dy, x, dy, dx=dx_arg, partials=empty, fold=False, store_dx=True)
