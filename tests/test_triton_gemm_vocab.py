@@ -240,12 +240,16 @@ t = torch.randint(0, 1000, (4096,), device="cuda")
 def bits(a):
     return a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32)
 fns = {"fwd": lambda n: gemm.matmul_invariant(x[:n], w),
+       "fwd_fp32_out": lambda n: gemm.matmul_invariant(x[:n], w, out_dtype=torch.float32),
        "dx": lambda n: gemm.matmul_invariant(x[:n, :500], w[:500].t()),
        "logp": lambda n: lp.logp_forward(x[:n], t[:n])[0],
        "linear_logp": lambda n: ll.fused_forward(x[:n], w, t[:n])[0]}
+# M >= gemm.TMA_MIN_M runs the persistent TMA kernel, smaller M _mm_kernel: rows must not tell them apart
+assert gemm._tma_ok(x, w, torch.empty(4096, 1000, device="cuda", dtype=torch.bfloat16))
+assert not gemm._tma_ok(x[:1000], w, torch.empty(1000, 1000, device="cuda", dtype=torch.bfloat16))
 for name, f in fns.items():
     full = f(4096)
-    for m in (1, 2, 3, 7, 16, 64, 256, 1000):
+    for m in (1, 2, 3, 7, 16, 64, 256, 1000, 1023, 1024, 1031, 2912):
         assert torch.equal(bits(f(m)), bits(full[:m])), (name, m)
 print("GPU-OK")
 """
