@@ -1,7 +1,7 @@
-"""Experiment (issue 12, not yet the shipped kernel): a persistent, TMA-fed Triton GEMM with one K order for
-every M, against cuBLAS and gradsweep's current ``_mm_kernel`` in the same run (GPU time: CUDA-graph replay of
-20 calls, median of 5). Bits: row 0 of an M=1 call against row 0 of the full call, every config against the
-first, and the output against gradsweep's kernel (max abs difference; 0 means the same bits).
+"""Experiment (issue 12) that led to the shipped `_mm_tma_kernel`: a persistent, TMA-fed Triton GEMM with one
+K order for every M, against cuBLAS and gradsweep's current ``_mm_kernel`` in the same run (GPU time:
+CUDA-graph replay of 20 calls, median of 5). Bits: row 0 of an M=1 call against row 0 of the full call, every
+config against the first, and the output against gradsweep's kernel (max abs difference; 0: the same bits).
 
 Usage (repo root, on the H200): PYTHONPATH=. python3 bench/tma_gemm_probe.py OUT.json
 Result of 2026-11-30: bench/results/tma_gemm_h200.json (notes/triton_gemm_vocab.md, third pass).
