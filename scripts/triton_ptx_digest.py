@@ -51,6 +51,8 @@ LOGP_FWD_TYPES = {"L": "*bf16", "T": "*i64", "OUT": "*fp32", "LSE": "*fp32", "R"
 LOGP_BWD_TYPES = {"L": "*bf16", "T": "*i64", "LSE": "*fp32", "G": "*fp32", "D": "*bf16", "R": "i32", "V": "i32",
                   "s_l": "i32", "s_d": "i32"}
 FOLD_TYPES = {"part_ptr": "*fp32", "acc_ptr": "*fp32", "n_tiles": "i32", "n_cols": "i32"}
+TMA_TYPES = {"a_desc": "tensordesc<bf16[128,64]>", "w_desc": "tensordesc<bf16[256,64]>",
+             "c_desc": "tensordesc<bf16[128,256]>", "M": "i32", "N": "i32", "K": "i32"}
 
 
 def specs() -> list[tuple[str, str, dict, dict, int, int, str]]:
@@ -80,6 +82,9 @@ def specs() -> list[tuple[str, str, dict, dict, int, int, str]]:
     out.append(("logp", "_logp_bwd_kernel", LOGP_BWD_TYPES, {"ROWS": 1, "BLOCK": 2048, "SOFT_RNE": False}, 4, 3,
                 "logp bwd"))
     out.append(("_common", "_fold_kernel", FOLD_TYPES, {"BLOCK": 32, "UNROLL": 64}, 1, 3, "fold"))
+    if hasattr(importlib.import_module("gradsweep.triton_kernels.gemm"), "_mm_tma_kernel"):
+        out.append(("gemm", "_mm_tma_kernel", TMA_TYPES, {"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8,
+                                                         "PROGRAMS": 132}, 8, 3, "TMA fwd"))
     return out
 
 
@@ -102,7 +107,7 @@ def compile_ptx(module: str, kernel: str, types: dict, consts: dict, warps: int,
     signature = {n: ("constexpr" if (n in constexprs) else types[n]) for n in names}
     attrs = {}
     for i, n in enumerate(names):
-        if n in constexprs or params[n].is_constexpr:
+        if n in constexprs or params[n].is_constexpr or types[n].startswith("tensordesc"):
             continue
         attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
@@ -112,7 +117,10 @@ def compile_ptx(module: str, kernel: str, types: dict, consts: dict, warps: int,
 
 def main() -> int:
     dump = Path(sys.argv[1]) if len(sys.argv) > 1 else None  # optional: write each stripped PTX there (to diff)
+    only = os.environ.get("PTX_DIGEST_ONLY")  # e.g. _mm_tma_kernel: compile that kernel's specialisations only
     for n, (module, kernel, types, consts, warps, stages, what) in enumerate(specs()):
+        if only and kernel != only:
+            continue
         ptx = strip_lines(compile_ptx(module, kernel, types, consts, warps, stages))
         digest = hashlib.sha256(ptx.encode()).hexdigest()[:16]
         if dump is not None:

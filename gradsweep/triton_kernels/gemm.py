@@ -146,7 +146,7 @@ def _mm_tma_kernel(a_desc, w_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.con
         for ki in range(k_tiles):
             a = a_desc.load([pid_m * BM, ki * BK])
             w = w_desc.load([pid_n * BN, ki * BK])
-            acc = tl.dot(a, w.T, acc)
+            acc = mma(a, w.T, acc)
         c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_desc.dtype))
 
 
