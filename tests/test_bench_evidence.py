@@ -109,6 +109,19 @@ def test_the_run_is_signed_bench_evidence_with_figures_checks_and_targets(run):
     assert pred.verdict.exit_code == 0 and pred.verdict.summary.startswith("RAN")
 
 
+def test_a_row_without_a_target_shows_its_own_figure(run):
+    """The warm fold plan has no target and no stock ratio: its row shows its host microseconds, not "-"."""
+    from gradsweep.report.bench import readme_block
+
+    outcome, key, _ = run
+    pred, _ = check_bench_signature(outcome.out, _signers(key))
+    warm = pred.cases[[c.id for c in pred.cases].index("fold_plan/packed_warm")].families["host"]
+    assert not warm.targets and "e2e_vs_stock" not in warm.metrics
+    row = next(r for r in readme_block(pred, "x.json").splitlines() if "| fold_plan |" in r and "warm" in r)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "host_us" and cells[4] == f"{warm.metrics['host_us']:.0f} us", row
+
+
 def test_chart_is_a_png_beside_the_evidence_under_its_digest(run):
     outcome, _, _ = run
     assert outcome.chart == outcome.out.with_name("smoke.bench.png")

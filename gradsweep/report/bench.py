@@ -152,13 +152,22 @@ def _esc(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _untargeted_metric(fam: FamilyResult) -> str:
+    """The row of a family with no target: its ratio to stock, else its first other same-run ratio (e.g. to
+    SDPA), else its first figure (e.g. host microseconds): a measured figure is never shown as "-"."""
+    if "e2e_vs_stock" in fam.metrics or not fam.metrics:
+        return "e2e_vs_stock"
+    ratios = [m for m in fam.metrics if m.startswith("e2e_vs_") and m != "e2e_vs_kernels"]
+    return ratios[0] if ratios else next(iter(fam.metrics))
+
+
 def _md_rows(pred: BenchPredicate) -> list[str]:
     rows = []
     for case in pred.cases:
         for name, fam in case.families.items():
             if fam.status == "blocked":
                 continue
-            metrics = [t.metric for t in fam.targets] or ["e2e_vs_stock"]
+            metrics = [t.metric for t in fam.targets] or [_untargeted_metric(fam)]
             for metric in dict.fromkeys(metrics):
                 e2e, kernels = twins(metric)
                 target = next((t for t in fam.targets if t.metric == metric), None)
