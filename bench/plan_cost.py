@@ -1,6 +1,8 @@
-"""Host cost of a call's plans, cold (first call of a layout in a step) vs warm (every further layer or parameter
-of the step: the plan caches are keyed by row content), on the box it runs on. The bench's op cases repeat one
-layout, so their end-to-end figures include warm plans; this script gives the cold figure beside them.
+"""Host cost of an attention call's plan, cold (first call of a layout in a step) vs warm (every further layer of
+the step: plans are keyed by row content), on the box it runs on. The bench's op cases repeat one layout, so
+their end-to-end figures include warm plans; this script gives the cold figure beside them. (The fold's plan has
+its own cold and warm bench cases, ``fold_plan``; bench/results/plan_cost_h200.json also holds fold figures from
+the first version of this script, which measured them a second time.)
 
 Usage (repo root): PYTHONPATH=. python3 bench/plan_cost.py OUT.json [--device cuda]
 """
@@ -14,9 +16,7 @@ import time
 
 import torch
 
-from gradsweep.bench.cases import irregular
-from gradsweep.bench.catalog.fold_plan import _thirds
-from gradsweep.canonical import CanonicalFold, RowIdentity, clear_plan_caches
+from gradsweep.canonical import RowIdentity
 
 
 def _median_us(fn, reps: int = 50) -> float:
@@ -48,34 +48,13 @@ def _attention(family: str, device: torch.device) -> dict:
     return out
 
 
-def _fold(device: torch.device) -> dict:
-    lengths = list(irregular(16384, 13))
-    x = torch.zeros(16384, 8, dtype=torch.bfloat16, device=device)
-    out = {}
-    for calls in (1, 3):
-        cuts = [_thirds(n) if calls == 3 else [n] for n in lengths]
-        pieces = [[(s, sum(c[:k]), c[k]) for s, c in enumerate(cuts) if c[k] > 0] for k in range(calls)]
-
-        def step(cold: bool, pieces=pieces):
-            if cold:
-                clear_plan_caches()
-            fold = CanonicalFold(torch.zeros(8, device=device), lengths, 64)
-            for call in pieces:
-                rows = RowIdentity.packed([p[2] for p in call], [p[0] for p in call], [p[1] for p in call])
-                fold.take_tiles(rows, (x[:rows.num_rows],))
-        out[f"{calls} call(s)"] = {"cold_us_per_call": _median_us(lambda: step(True)) / calls,
-                                   "warm_us_per_call": _median_us(lambda: step(False)) / calls}
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     device = torch.device(args.device)
-    result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "fold (16384 rows)":
-              _fold(device)}
+    result: dict[str, object] = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
     for family in ("triton", "cuda"):
         try:
             result[f"attention plan, {family}"] = _attention(family, device)
