@@ -11,6 +11,13 @@ wgmma / setmaxnreg kernel added later; the "a" image loads only on CC 9.0); ``co
 the plain Hopper image, so the kernels are also compiled (and checked) without any arch-specific feature.
 ``-fmad=false``: no compiler FMA contraction, so a 16-byte vector path and its scalar twin execute the same
 IEEE operations (the kernels spell their FMAs explicitly).
+
+CUTLASS: the Hopper GEMMs (csrc/*_sm90.cu) include CUTLASS 3.x / CuTe headers from the pinned
+``nvidia-cutlass`` package (its ``cutlass_library/source/include``; ``GRADSWEEP_CUTLASS_INCLUDE`` overrides).
+They are compiled for sm_90a only (wgmma has no plain-sm_90 form) and with ``-DNDEBUG`` (a device assert is a
+call, and a call between wgmma instructions serialises them: ptxas warns C7510). Without the headers those
+files are left out and ``GS_NO_SM90_GEMM`` makes the portable mma.sync kernels the only path (the module's
+``sm90_gemm_built()`` says which build this is).
 """
 
 from __future__ import annotations
@@ -36,7 +43,25 @@ NVCC_FLAGS = [
     "-gencode=arch=compute_90a,code=sm_90a",
     "-gencode=arch=compute_90,code=sm_90",
 ]
+NVCC_SM90A_FLAGS = ["-O3", "-std=c++17", "-fmad=false", "--expt-relaxed-constexpr", "-DNDEBUG",
+                    "-gencode=arch=compute_90a,code=sm_90a"]
 CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall"]
+SM90_SUFFIX = "_sm90.cu"
+
+
+def cutlass_include() -> Path | None:
+    """The CUTLASS / CuTe include directory of the installed ``nvidia-cutlass`` package (None when absent)."""
+    override = os.environ.get("GRADSWEEP_CUTLASS_INCLUDE")
+    candidates = [Path(override)] if override else []
+    import importlib.util
+
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(p) / "source" / "include" for p in spec.submodule_search_locations]
+    for c in candidates:
+        if (c / "cutlass" / "cutlass.h").is_file() and (c / "cute" / "tensor.hpp").is_file():
+            return c
+    return None
 
 
 def find_nvcc() -> str | None:
@@ -111,17 +136,27 @@ class NvccBuildExt(build_ext):
         import pybind11
 
         py_inc = sysconfig.get_paths()["include"]
-        flags_str = " ".join(NVCC_FLAGS)
+        cutlass = cutlass_include()
+        if cutlass is None:
+            warnings.warn("gradsweep: nvidia-cutlass headers not found: building without the Hopper GEMMs "
+                          "(pip install nvidia-cutlass==4.2.0.0)", stacklevel=1)
+        defines = [] if cutlass is not None else ["-DGS_NO_SM90_GEMM"]
+        flags_str = " ".join(NVCC_FLAGS + defines)
         jobs: list[list[str]] = []
         objects: list[str] = []
         for src in (str(ROOT / s) for s in ext.sources):
+            if src.endswith(SM90_SUFFIX) and cutlass is None:
+                continue
             obj = str(tmp / (Path(src).name + ".o"))
             objects.append(obj)
-            if src.endswith(".cu"):
-                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_FLAGS, "-Xcompiler", "-fPIC",
+            if src.endswith(SM90_SUFFIX):
+                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_SM90A_FLAGS, "-Xcompiler", "-fPIC",
+                             f"-I{CSRC}", f"-I{cutlass}"])
+            elif src.endswith(".cu"):
+                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_FLAGS, *defines, "-Xcompiler", "-fPIC",
                              f"-I{CSRC}"])
             else:
-                jobs.append([cxx, "-c", src, "-o", obj, *CXX_FLAGS, f"-I{CSRC}",
+                jobs.append([cxx, "-c", src, "-o", obj, *CXX_FLAGS, *defines, f"-I{CSRC}",
                              f"-I{pybind11.get_include()}", f"-I{py_inc}",
                              f'-DGS_BUILD_FLAGS="{flags_str}"'])
         workers = max(1, min(len(jobs), os.cpu_count() or 1))

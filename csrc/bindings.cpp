@@ -57,6 +57,7 @@ PYBIND11_MODULE(_C, m) {
     d["nvcc_flags"] = GS_BUILD_FLAGS;
 #endif
     d["cudart"] = "static";
+    d["sm90_gemm"] = gs::sm90_gemm_built();
     return d;
   });
   m.attr("RMS_MAX_HIDDEN") = gs::kRmsMaxHidden;
@@ -183,19 +184,22 @@ PYBIND11_MODULE(_C, m) {
             std::string(what) + ": sizes must be non-negative");
   };
   m.def("gemm_nt", [check_gemm](uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
-                                int64_t ldb, int64_t ldc, int device, uintptr_t stream) {
+                                int64_t ldb, int64_t ldc, int device, uintptr_t stream, int path) {
     check_gemm(M, N, K, "gemm_nt");
     require(lda >= K && ldb >= K && ldc >= N, "gemm_nt: leading dimensions too small");
-    check(gs::gemm_nt(a, b, c, M, N, K, lda, ldb, ldc, device, stream), "gemm_nt");
+    require(path >= gs::kGemmAuto && path <= gs::kGemmSm90, "gemm_nt: path must be 0 (auto), 1 or 2");
+    check(gs::gemm_nt(a, b, c, M, N, K, lda, ldb, ldc, device, stream, path), "gemm_nt");
   }, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("lda"),
-     py::arg("ldb"), py::arg("ldc"), py::arg("device"), py::arg("stream"));
+     py::arg("ldb"), py::arg("ldc"), py::arg("device"), py::arg("stream"), py::arg("path") = gs::kGemmAuto);
   m.def("gemm_nn", [check_gemm](uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
-                                int64_t ldb, int64_t ldc, bool accumulate, int device, uintptr_t stream) {
+                                int64_t ldb, int64_t ldc, bool accumulate, int device, uintptr_t stream, int path) {
     check_gemm(M, N, K, "gemm_nn");
     require(lda >= K && ldb >= N && ldc >= N, "gemm_nn: leading dimensions too small");
-    check(gs::gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, accumulate, device, stream), "gemm_nn");
+    require(path >= gs::kGemmAuto && path <= gs::kGemmSm90, "gemm_nn: path must be 0 (auto), 1 or 2");
+    check(gs::gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, accumulate, device, stream, path), "gemm_nn");
   }, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("lda"),
-     py::arg("ldb"), py::arg("ldc"), py::arg("accumulate"), py::arg("device"), py::arg("stream"));
+     py::arg("ldb"), py::arg("ldc"), py::arg("accumulate"), py::arg("device"), py::arg("stream"),
+     py::arg("path") = gs::kGemmAuto);
   m.def("gemm_dw_fold", [check_gemm](uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
                                      uintptr_t grad, int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg,
                                      int device, uintptr_t stream) {

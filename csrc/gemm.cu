@@ -1,6 +1,7 @@
 // Batch-invariant GEMMs: forward / dX (bf16 out) and the canonical dW fold (fp32 main grad in, out).
 //
 // gemm_nt: C[M, N] = A[M, K] B[N, K]^T     (x @ W^T: both operands K-major)
+//          (bf16 out; on a CC 9.0 device with TMA-aligned operands: the CUTLASS kernels of gemm_sm90.cuh)
 // gemm_nn: C[M, N] = A[M, K] B[K, N]        (dY @ W: B N-major); with `accumulate` C is fp32 and loaded
 //          before the K loop (a chain of calls then keeps one sequential order)
 // gemm_dw_fold: G[N, K] (fp32, loaded first) += sum over the plan's tokens, tile after tile, of
@@ -14,26 +15,83 @@ namespace gs {
 
 using mma::GemmArgs;
 
+bool sm90_gemm_built() {
+#ifdef GS_NO_SM90_GEMM
+  return false;
+#else
+  return true;
+#endif
+}
+
+namespace {
+
+// Compute capability (major * 10 + minor) of `device`, asked once per device.
+int compute_capability(int device) {
+  static int cached[64] = {};
+  if (device < 0 || device >= 64) return 0;
+  if (cached[device] == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      return 0;
+    }
+    cached[device] = major * 10 + minor;
+  }
+  return cached[device];
+}
+
+// Whether the Hopper kernels run this bf16-out GEMM: built, a CC 9.0 device (the sm_90a image), sizes within
+// int32, every operand 16-byte aligned with a leading dimension of whole 16-byte chunks (TMA's rules).
+bool sm90_gemm_applies(const void* a, int64_t lda, const void* b, int64_t ldb, const void* c, int64_t ldc,
+                       int64_t M, int64_t N, int64_t K, int device) {
+  if (!sm90_gemm_built() || compute_capability(device) != 90) return false;
+  const int64_t lim = 2147483647LL;
+  if (M > lim || N > lim || K > lim || K == 0) return false;
+  return mma::vec_ok(a, lda) && mma::vec_ok(b, ldb) && mma::vec_ok(c, ldc);
+}
+
+// 1 = run the Hopper kernels, 0 = the mma.sync kernels, < 0 = -(error code) (path kGemmSm90 not applicable).
+int choose_sm90(int path, bool applies) {
+  if (path == kGemmPortable) return 0;
+  if (path == kGemmSm90 && !applies) return -static_cast<int>(cudaErrorNotSupported);
+  return applies ? 1 : 0;
+}
+
+}  // namespace
+
 int gemm_nt(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
-            int64_t ldc, int device, uintptr_t stream) {
+            int64_t ldc, int device, uintptr_t stream, int path) {
   if (M == 0 || N == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
   const auto* ap = reinterpret_cast<const bf16*>(a);
   const auto* bp = reinterpret_cast<const bf16*>(b);
   auto* cp = reinterpret_cast<bf16*>(c);
+  const int sm90 = choose_sm90(path, sm90_gemm_applies(ap, lda, bp, ldb, cp, ldc, M, N, K, device));
+  if (sm90 < 0) return -sm90;
+#ifndef GS_NO_SM90_GEMM
+  if (sm90 == 1) return gemm_sm90_nt(a, b, c, M, N, K, lda, ldb, ldc, device, stream);
+#endif
   const GemmArgs g{ap, lda, bp, ldb, M, N, K, nullptr, mma::vec_ok(ap, lda), mma::vec_ok(bp, ldb)};
   const mma::EpiBf16 epi{cp, ldc, ldc % 2 == 0 && (reinterpret_cast<uintptr_t>(cp) & 3u) == 0};
   return mma::launch_by_m<true, true>(g, epi, reinterpret_cast<cudaStream_t>(stream));
 }
 
 int gemm_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
-            int64_t ldc, bool accumulate, int device, uintptr_t stream) {
+            int64_t ldc, bool accumulate, int device, uintptr_t stream, int path) {
   if (M == 0 || N == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
   const auto* ap = reinterpret_cast<const bf16*>(a);
   const auto* bp = reinterpret_cast<const bf16*>(b);
+  // The fp32 accumulating form keeps the mma.sync kernels (its accumulator is loaded before the K loop).
+  const int sm90 = accumulate ? (path == kGemmSm90 ? -static_cast<int>(cudaErrorNotSupported) : 0)
+                              : choose_sm90(path, sm90_gemm_applies(ap, lda, bp, ldb, reinterpret_cast<void*>(c),
+                                                                    ldc, M, N, K, device));
+  if (sm90 < 0) return -sm90;
+#ifndef GS_NO_SM90_GEMM
+  if (sm90 == 1) return gemm_sm90_nn(a, b, c, M, N, K, lda, ldb, ldc, device, stream);
+#endif
   const GemmArgs g{ap, lda, bp, ldb, M, N, K, nullptr, mma::vec_ok(ap, lda), mma::vec_ok(bp, ldb)};
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   if (accumulate) {

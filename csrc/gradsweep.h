@@ -64,11 +64,21 @@ int logp_fwd(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t lse, 
 int logp_bwd(uintptr_t logits, uintptr_t targets, uintptr_t lse, uintptr_t g, uintptr_t d, int64_t R, int64_t V,
              int64_t ld, int64_t ldd, int device, uintptr_t stream);
 
-// gemm.cu (tensor-core mainloop of mma_gemm.cuh)
+// gemm.cu (tensor-core mainloop of mma_gemm.cuh; on a CC 9.0 device the CUTLASS kernels of gemm_sm90.cuh).
+// path: kGemmAuto picks the Hopper kernels wherever they apply (sm90_gemm_applies), kGemmPortable forces the
+// mma.sync kernels, kGemmSm90 requires the Hopper kernels (cudaErrorNotSupported where they do not apply).
+// The two paths give the same bits (one chain of 16-wide k steps); the choice is speed and test coverage.
+constexpr int kGemmAuto = 0, kGemmPortable = 1, kGemmSm90 = 2;
+bool sm90_gemm_built();
 int gemm_nt(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
-            int64_t ldc, int device, uintptr_t stream);
+            int64_t ldc, int device, uintptr_t stream, int path = kGemmAuto);
 int gemm_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
-            int64_t ldc, bool accumulate, int device, uintptr_t stream);
+            int64_t ldc, bool accumulate, int device, uintptr_t stream, int path = kGemmAuto);
+// gemm_nt_sm90.cu / gemm_nn_sm90.cu (CUTLASS; absent from a build without the nvidia-cutlass headers)
+int gemm_sm90_nt(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
+                 int64_t ldb, int64_t ldc, int device, uintptr_t stream);
+int gemm_sm90_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
+                 int64_t ldb, int64_t ldc, int device, uintptr_t stream);
 int gemm_dw_fold(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t grad,
                  int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream);
 

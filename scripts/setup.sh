@@ -19,6 +19,8 @@ if [ "${GRADSWEEP_SYSTEM_TORCH:-0}" != "1" ]; then
   python -m pip install -q torch==2.13.0 triton==3.6.0
 fi
 python -m pip install -q "setuptools>=68" wheel "pybind11>=2.12"
+# CUTLASS / CuTe headers for the Hopper GEMMs of csrc/ (headers only: its Python tooling deps are not needed)
+python -m pip install -q --no-deps nvidia-cutlass==4.2.0.0
 python -m pip install -q --no-build-isolation -e ".[test]"
 python - <<'PY'
 import torch, triton

@@ -2,6 +2,9 @@
 
 - csrc/ (the CUDA family) has no atomics: no atomic* intrinsic, no std::atomic / cuda::atomic, no PTX red.* /
   atom.* instruction. Comments are stripped first (a comment may say "no atomics").
+- the Hopper GEMMs (csrc/*_sm90.cu, CUTLASS templates instantiated there) compile to PTX with wgmma and without
+  any atom.* / red.* instruction: the audit of the generated code covers what the library headers bring in
+  (a stream-K or split-K scheduler would need them).
 - a cuda_bf16 kernel module (gradsweep/cuda_kernels/*.py) never imports Triton or the Triton family, and never
   calls a torch GEMM / softmax on its kernel path (matmul, mm, bmm, einsum, linear, softmax, log_softmax, ``@``
   and relatives); the Triton family never imports the CUDA family: a profile never borrows another's kernels.
@@ -11,7 +14,10 @@ Each scanner is shown to catch a planted offender, so the audit can fail.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -124,3 +130,38 @@ def test_triton_kernel_modules_do_not_import_the_cuda_family() -> None:
 ])
 def test_kernel_path_scanner_catches_planted(planted: str) -> None:
     assert kernel_path_offences("import torch\n" + planted, _CUDA_FORBIDDEN)
+
+
+def _cutlass_include() -> Path | None:
+    spec = importlib.util.find_spec("cutlass_library")
+    for p in (spec.submodule_search_locations or []) if spec else []:
+        inc = Path(p) / "source" / "include"
+        if (inc / "cutlass" / "cutlass.h").is_file():
+            return inc
+    return None
+
+
+_PTX_ATOMIC = re.compile(r"^\s*(@!?%p\d+\s+)?(atom|red|multimem\.red)\.", re.MULTILINE)
+
+
+def test_ptx_atomic_scanner_catches_planted() -> None:
+    assert _PTX_ATOMIC.search("\tmov.u32 %r1, 0;\n\tred.global.add.f32 [%rd1], %f1;\n")
+    assert _PTX_ATOMIC.search("\t@%p3 atom.global.cas.b32 %r2, [%rd4], %r5, %r6;\n")
+    assert not _PTX_ATOMIC.search("\twgmma.fence.sync.aligned;\n\tst.global.v4.f32 [%rd1], {%f1,%f2,%f3,%f4};\n")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("source", sorted(p.name for p in CSRC.glob("*_sm90.cu")))
+def test_hopper_gemm_ptx_uses_wgmma_and_no_atomics(source: str, tmp_path: Path) -> None:
+    include = _cutlass_include()
+    if include is None:
+        pytest.skip("nvidia-cutlass headers not installed")
+    ptx = tmp_path / "k.ptx"
+    cmd = ["nvcc", "-ptx", str(CSRC / source), "-o", str(ptx), "-O3", "-std=c++17", "--expt-relaxed-constexpr",
+           "-DNDEBUG", "-arch=sm_90a", f"-I{CSRC}", f"-I{include}"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = ptx.read_text()
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", text), "no wgmma"
+    hits = [m.group(0) for m in _PTX_ATOMIC.finditer(text)]
+    assert not hits, f"{source}: atomic instructions in the generated PTX: {hits[:5]}"

@@ -193,3 +193,47 @@ def test_gpu_rows_do_not_depend_on_the_batch() -> None:
             lambda h, tt: linear_logp.linear_logp(h, lm, tt, rows(h.shape[0]), None), [x, t]),
     }
     assert not any(bad.values()), bad
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
+    """The CUTLASS (wgmma) kernels and the mma.sync kernels give the same bits, for every M configuration.
+
+    Both run one chain of 16-wide k steps per output element (csrc/gemm_sm90.cuh), so the dispatch by
+    device, alignment and M may pick either without moving a bit; a planted difference in either chain
+    (a split of K, another step order) fails here. On a CC 9.0 device with a build that has the Hopper
+    kernels, path 2 must run (no silent portable path).
+    """
+    ext = runtime.load()
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0) or not ext.build_info().get("sm90_gemm"):
+        pytest.skip("the Hopper GEMM needs a CC 9.0 device and a build with the nvidia-cutlass headers")
+    gen = torch.Generator().manual_seed(11)
+    dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(shape, generator=gen) * scale).to(torch.bfloat16).to("cuda")
+
+    bad = []
+    for k, n in ((4096, 4096), (1000, 1032)):
+        x, w = randn(8192, k), randn(n, k, scale=k ** -0.5)
+        dy = randn(8192, n)
+        outs = {}
+        for path in (1, 2):
+            y = torch.empty(8192, n, dtype=torch.bfloat16, device="cuda")
+            dx = torch.empty(8192, k, dtype=torch.bfloat16, device="cuda")
+            for m in (1, 16, 256, 257, 2304, 8192):
+                ext.gemm_nt(x.data_ptr(), w.data_ptr(), y.data_ptr(), m, n, k, k, k, n, dev, stream, path)
+                ext.gemm_nn(dy.data_ptr(), w.data_ptr(), dx.data_ptr(), m, k, n, n, k, k, False, dev, stream,
+                            path)
+                outs[(path, m)] = (y[:m].clone(), dx[:m].clone())
+        for m in (1, 16, 256, 257, 2304, 8192):
+            for name, i in (("fwd", 0), ("dX", 1)):
+                diff = bitwise_compare(outs[(1, m)][i], outs[(2, m)][i])
+                if not diff.equal:
+                    bad.append(f"{name} K={k} N={n} M={m}: {diff.mismatched} elements differ between paths")
+                rows = bitwise_compare(outs[(2, 8192)][i][:m], outs[(2, m)][i])
+                if not rows.equal:
+                    bad.append(f"{name} K={k} N={n}: rows of M={m} differ from the same rows at M=8192")
+    assert not bad, bad

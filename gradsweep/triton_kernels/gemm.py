@@ -42,6 +42,10 @@ try:  # host-side TMA descriptors (triton >= 3.4); without them every launch use
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older triton
     TensorDescriptor = None
+try:  # Triton's per-thread global-scratch allocator state (_ensure_allocator)
+    from triton.runtime import _allocation
+except ImportError:  # pragma: no cover - older triton
+    _allocation = None
 
 from gradsweep.canonical import CanonicalFold, RowIdentity, TileStep
 from gradsweep.kernel_api import check_linear, require_fold
@@ -152,7 +156,7 @@ def _mm_tma_kernel(a_desc, w_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.con
 
 _TMA_CFG = {"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8}  # measured best at every large shape (notes)
 _TMA_WARPS, _TMA_STAGES, TMA_MIN_M = 8, 3, 1024
-_TMA_DTYPES = {torch.bfloat16: 2, torch.float16: 2}  # an fp32 C tile would not fit in shared memory
+_TMA_DTYPES = (torch.bfloat16, torch.float16)  # an fp32 C tile would not fit in shared memory
 _SMS: dict[int, int] = {}
 
 
@@ -166,7 +170,7 @@ def _tma_ok(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> bool:
     if not (a.is_contiguous() and w.is_contiguous() and out.is_contiguous()):
         return False
     k, n = a.shape[1], w.shape[0]
-    return (k * 2) % 16 == 0 and (n * _TMA_DTYPES[out.dtype]) % 16 == 0 and all(
+    return (k * 2) % 16 == 0 and (n * out.element_size()) % 16 == 0 and all(
         t.data_ptr() % 16 == 0 for t in (a, w, out))
 
 
@@ -197,9 +201,7 @@ def _torch_scratch(size: int, alignment: int, stream) -> torch.Tensor:
 def _ensure_allocator() -> None:
     """A global-scratch allocator for TMA launches when this thread has none (Triton's is per thread and
     raises when a kernel asks for scratch); one the caller set is kept."""
-    try:
-        from triton.runtime import _allocation
-    except ImportError:  # pragma: no cover - older triton
+    if _allocation is None:  # pragma: no cover - older triton
         return
     current, null = getattr(_allocation, "_allocator", None), getattr(_allocation, "_NULL_ALLOCATOR", None)
     if current is not None and null is not None and current.get() is null:

@@ -1,0 +1,142 @@
+// Hopper (sm_90a) path of the CUDA family's forward / dX GEMMs: CUTLASS 3.x warp-specialised kernels
+// (TMA loads, wgmma m64nNk16 bf16 -> fp32), built from the headers of the pinned `nvidia-cutlass` package.
+//
+// Why it is batch-invariant: every configuration below is a plain GEMM with ONE accumulator per output
+// element and the whole K range in one CTA (no split-K, no stream-K: the tile schedulers are the data-parallel
+// persistent one or none). That accumulator receives one wgmma per 16-wide k step in ascending k, so an output
+// element sees the same chain of k steps for every M, every tile configuration and every row position; the
+// configuration follows M (a speed choice) and never the bits. The epilogue is D = round_bf16(1 * acc) (no
+// source C), element-wise. The chain is the one the mma.sync path of mma_gemm.cuh runs (m16n8k16 steps in
+// ascending k), so the two paths agree bit for bit (checked by tests/test_cuda_ops.py on the GPU).
+//
+// Applicability (else the caller runs mma_gemm.cuh): a CC 9.0 device (the sm_90a image), operands and output
+// 16-byte aligned with leading dimensions that are multiples of 8 elements (TMA), M, N, K < 2^31.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/kernel_hardware_info.h"
+
+namespace gs {
+namespace sm90 {
+
+using cute::Int;
+using cute::Shape;
+
+// A CUTLASS GEMM D[M, N] = A[M, K] B[K, N] (bf16 in, fp32 accumulate, bf16 out, no source C).
+// LayoutB: cutlass::layout::ColumnMajor for B(k, n) = b[n * ldb + k] (x @ W^T), RowMajor for b[k * ldb + n].
+template <class LayoutB, class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
+struct Gemm {
+  using Element = cutlass::bfloat16_t;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlign = 8;  // elements per 16 bytes
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlign, Element, LayoutD,
+      kAlign, EpilogueSchedule>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign,
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+// A 2-D stride (plus the batch mode) of a CUTLASS stride type: the dynamic mode gets `ld`, the static one is 1.
+template <class Stride>
+Stride rank2_stride(int64_t ld) {
+  Stride s{};
+  if constexpr (cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<0>(s))>>) {
+    cute::get<1>(s) = ld;
+  } else {
+    cute::get<0>(s) = ld;
+  }
+  cute::get<2>(s) = 0;
+  return s;
+}
+
+// Streaming multiprocessors of `device` (asked once per device: the persistent scheduler sizes its grid by it).
+inline int sm_count(int device) {
+  static int cached[64] = {};
+  if (device < 0 || device >= 64) return 0;
+  if (cached[device] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+    cached[device] = n;
+  }
+  return cached[device];
+}
+
+// Runs Gemm G on raw pointers; returns a cudaError_t code (cudaErrorNotSupported when CUTLASS refuses the
+// problem, which the caller treats as "run the portable path": the dispatch checks alignment first).
+template <class G>
+int run(const void* a, int64_t lda, const void* b, int64_t ldb, void* d, int64_t ldd, int64_t M, int64_t N,
+        int64_t K, int device, cudaStream_t stream) {
+  using Kernel = typename G::Kernel;
+  typename Kernel::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1},
+      {static_cast<const typename G::Element*>(a), rank2_stride<typename Kernel::StrideA>(lda),
+       static_cast<const typename G::Element*>(b), rank2_stride<typename Kernel::StrideB>(ldb)},
+      {{1.0f, 0.0f}, nullptr, rank2_stride<typename Kernel::StrideC>(ldd), static_cast<typename G::Element*>(d),
+       rank2_stride<typename Kernel::StrideD>(ldd)},
+      cutlass::KernelHardwareInfo{device, sm_count(device)}};
+  typename G::Device gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return static_cast<int>(cudaErrorNotSupported);
+  if (G::Device::get_workspace_size(args) != 0) return static_cast<int>(cudaErrorNotSupported);  // no split
+  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) {
+    const cudaError_t e = cudaGetLastError();
+    return static_cast<int>(e != cudaSuccess ? e : cudaErrorLaunchFailure);
+  }
+  if (gemm.run(stream) != cutlass::Status::kSuccess) {
+    const cudaError_t e = cudaGetLastError();
+    return static_cast<int>(e != cudaSuccess ? e : cudaErrorLaunchFailure);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+// The three configurations, by M (speed only; the bits do not follow them). Chosen on the H200 among eleven
+// tile / schedule pairs (notes/kernels_cuda.md, "Hopper GEMM configurations"): at M <= 256 a persistent
+// ping-pong kernel on 64 x 128 tiles (the producer keeps loading across tiles while the two consumer
+// warpgroups alternate: the GEMM streams the weight), above it the cooperative kernel on 128 x 256 tiles,
+// and 256 x 128 from M = 8192 (8% faster at M = 16384, N = 4096).
+template <class LayoutB>
+using GemmSmall = Gemm<LayoutB, Shape<Int<64>, Int<128>, Int<64>>, Shape<Int<1>, Int<1>, Int<1>>,
+                       cutlass::gemm::KernelTmaWarpSpecializedPingpong, cutlass::epilogue::TmaWarpSpecialized>;
+template <class LayoutB>
+using GemmLarge = Gemm<LayoutB, Shape<Int<128>, Int<256>, Int<64>>, Shape<Int<1>, Int<1>, Int<1>>,
+                       cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                       cutlass::epilogue::TmaWarpSpecializedCooperative>;
+template <class LayoutB>
+using GemmHuge = Gemm<LayoutB, Shape<Int<256>, Int<128>, Int<64>>, Shape<Int<1>, Int<1>, Int<1>>,
+                      cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                      cutlass::epilogue::TmaWarpSpecializedCooperative>;
+
+constexpr int64_t kSmallM = 256;
+constexpr int64_t kHugeM = 8192;
+
+// Runs the configuration of M (LayoutB as in Gemm).
+template <class LayoutB>
+int run_by_m(const void* a, int64_t lda, const void* b, int64_t ldb, void* d, int64_t ldd, int64_t M, int64_t N,
+             int64_t K, int device, cudaStream_t stream) {
+  if (M <= kSmallM) return run<GemmSmall<LayoutB>>(a, lda, b, ldb, d, ldd, M, N, K, device, stream);
+  if (M < kHugeM) return run<GemmLarge<LayoutB>>(a, lda, b, ldb, d, ldd, M, N, K, device, stream);
+  return run<GemmHuge<LayoutB>>(a, lda, b, ldb, d, ldd, M, N, K, device, stream);
+}
+
+}  // namespace sm90
+}  // namespace gs
