@@ -45,6 +45,21 @@ class DeviceGuard {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// An integer attribute of `device` (compute capability, SM count), asked once per device and attribute: the
+// GEMM dispatch needs them on every call, and cudaDeviceGetAttribute is not free. 0 when it cannot be asked.
+inline int cached_device_attribute(cudaDeviceAttr attr, int device) {
+  constexpr int kDevices = 64, kAttrs = 256;
+  static int cached[kAttrs][kDevices] = {};
+  const int a = static_cast<int>(attr);
+  if (device < 0 || device >= kDevices || a < 0 || a >= kAttrs) return 0;
+  if (cached[a][device] == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, attr, device) != cudaSuccess) return 0;
+    cached[a][device] = v;
+  }
+  return cached[a][device];
+}
+
 // 8 bf16 values held as raw bits (4 registers), converted to fp32 on use.
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);

@@ -7,7 +7,7 @@
 // gemm_dw_fold: G[N, K] (fp32, loaded first) += sum over the plan's tokens, tile after tile, of
 //          dY[p, n] X[p, k]: a GEMM whose K loop runs over the canonical token tiles (gathered rows,
 //          -1 = zero row, masked at the load). No split of K anywhere, so no M-, split- or order-dependent
-//          reduction; see mma_gemm.cuh.
+//          reduction; see mma_gemm.cuh. On a CC 9.0 device: the wgmma fold of gemm_fold_sm90.cu (same bits).
 #include "gemm_epilogue.cuh"
 #include "gradsweep.h"
 
@@ -25,28 +25,19 @@ bool sm90_gemm_built() {
 
 namespace {
 
-// Compute capability (major * 10 + minor) of `device`, asked once per device.
-int compute_capability(int device) {
-  static int cached[64] = {};
-  if (device < 0 || device >= 64) return 0;
-  if (cached[device] == 0) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-      return 0;
-    }
-    cached[device] = major * 10 + minor;
-  }
-  return cached[device];
+// Whether the Hopper kernels can run at all: built with them and a CC 9.0 device (the sm_90a image).
+bool hopper(int device) {
+  return sm90_gemm_built() && cached_device_attribute(cudaDevAttrComputeCapabilityMajor, device) == 9 &&
+         cached_device_attribute(cudaDevAttrComputeCapabilityMinor, device) == 0;
 }
 
-// Whether the Hopper kernels run this bf16-out GEMM: built, a CC 9.0 device (the sm_90a image), sizes within
-// int32, every operand 16-byte aligned with a leading dimension of whole 16-byte chunks (TMA's rules).
+constexpr int64_t kInt32Max = 2147483647LL;
+
+// Whether the Hopper kernels run this bf16-out GEMM: hopper(), sizes within int32, every operand 16-byte
+// aligned with a leading dimension of whole 16-byte chunks (TMA's rules).
 bool sm90_gemm_applies(const void* a, int64_t lda, const void* b, int64_t ldb, const void* c, int64_t ldc,
                        int64_t M, int64_t N, int64_t K, int device) {
-  if (!sm90_gemm_built() || compute_capability(device) != 90) return false;
-  const int64_t lim = 2147483647LL;
-  if (M > lim || N > lim || K > lim || K == 0) return false;
+  if (!hopper(device) || M > kInt32Max || N > kInt32Max || K > kInt32Max || K == 0) return false;
   return mma::vec_ok(a, lda) && mma::vec_ok(b, ldb) && mma::vec_ok(c, ldc);
 }
 
@@ -85,9 +76,8 @@ int gemm_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t
   const auto* ap = reinterpret_cast<const bf16*>(a);
   const auto* bp = reinterpret_cast<const bf16*>(b);
   // The fp32 accumulating form keeps the mma.sync kernels (its accumulator is loaded before the K loop).
-  const int sm90 = accumulate ? (path == kGemmSm90 ? -static_cast<int>(cudaErrorNotSupported) : 0)
-                              : choose_sm90(path, sm90_gemm_applies(ap, lda, bp, ldb, reinterpret_cast<void*>(c),
-                                                                    ldc, M, N, K, device));
+  const int sm90 = choose_sm90(
+      path, !accumulate && sm90_gemm_applies(ap, lda, bp, ldb, reinterpret_cast<void*>(c), ldc, M, N, K, device));
   if (sm90 < 0) return -sm90;
 #ifndef GS_NO_SM90_GEMM
   if (sm90 == 1) return gemm_sm90_nn(a, b, c, M, N, K, lda, ldb, ldc, device, stream);
@@ -103,15 +93,26 @@ int gemm_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t
 }
 
 int gemm_dw_fold(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t grad,
-                 int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream) {
+                 int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream,
+                 int path) {
   if (n_tiles == 0 || N == 0 || K == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
   const auto* yp = reinterpret_cast<const bf16*>(dy);
   const auto* xp = reinterpret_cast<const bf16*>(x);
+  const int64_t T = n_tiles * tile;
+  // The Hopper fold gathers 16-byte chunks of token rows with cp.async and runs one CTA per 128 x 256 tile.
+  const bool applies = hopper(device) && T <= kInt32Max && N <= kInt32Max && K <= kInt32Max &&
+                       ((N + 127) / 128) * ((K + 255) / 256) <= kInt32Max && mma::vec_ok(yp, ldy) &&
+                       mma::vec_ok(xp, ldx);
+  const int sm90 = choose_sm90(path, applies);
+  if (sm90 < 0) return -sm90;
+#ifndef GS_NO_SM90_GEMM
+  if (sm90 == 1) return gemm_sm90_dw_fold(plan, T, dy, x, grad, N, K, ldy, ldx, ldg, device, stream);
+#endif
   // A(n, t) = dY[p(t), n] (M-major), B(k, t) = X[p(t), k] (N-major), reduction over t = plan slots.
-  const GemmArgs g{yp, ldy, xp, ldx, N, K, n_tiles * tile, reinterpret_cast<const int32_t*>(plan),
-                   mma::vec_ok(yp, ldy), mma::vec_ok(xp, ldx)};
+  const GemmArgs g{yp, ldy, xp, ldx, N, K, T, reinterpret_cast<const int32_t*>(plan), mma::vec_ok(yp, ldy),
+                   mma::vec_ok(xp, ldx)};
   return mma::launch_gemm<mma::CfgLarge, false, false>(g, mma::EpiF32Acc{reinterpret_cast<float*>(grad), ldg},
                                                        reinterpret_cast<cudaStream_t>(stream));
 }

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "common.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -69,20 +70,9 @@ Stride rank2_stride(int64_t ld) {
   return s;
 }
 
-// Streaming multiprocessors of `device` (asked once per device: the persistent scheduler sizes its grid by it).
-inline int sm_count(int device) {
-  static int cached[64] = {};
-  if (device < 0 || device >= 64) return 0;
-  if (cached[device] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-    cached[device] = n;
-  }
-  return cached[device];
-}
-
-// Runs Gemm G on raw pointers; returns a cudaError_t code (cudaErrorNotSupported when CUTLASS refuses the
-// problem, which the caller treats as "run the portable path": the dispatch checks alignment first).
+// Runs Gemm G on raw pointers; returns a cudaError_t code: cudaErrorNotSupported when CUTLASS refuses the
+// problem, an error for the caller like any other (no fallback: gemm.cu's dispatch checks alignment and sizes
+// before it picks this path).
 template <class G>
 int run(const void* a, int64_t lda, const void* b, int64_t ldb, void* d, int64_t ldd, int64_t M, int64_t N,
         int64_t K, int device, cudaStream_t stream) {
@@ -94,7 +84,7 @@ int run(const void* a, int64_t lda, const void* b, int64_t ldb, void* d, int64_t
        static_cast<const typename G::Element*>(b), rank2_stride<typename Kernel::StrideB>(ldb)},
       {{1.0f, 0.0f}, nullptr, rank2_stride<typename Kernel::StrideC>(ldd), static_cast<typename G::Element*>(d),
        rank2_stride<typename Kernel::StrideD>(ldd)},
-      cutlass::KernelHardwareInfo{device, sm_count(device)}};
+      cutlass::KernelHardwareInfo{device, cached_device_attribute(cudaDevAttrMultiProcessorCount, device)}};
   typename G::Device gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return static_cast<int>(cudaErrorNotSupported);
   if (G::Device::get_workspace_size(args) != 0) return static_cast<int>(cudaErrorNotSupported);  // no split

@@ -237,3 +237,75 @@ def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
                 if not rows.equal:
                     bad.append(f"{name} K={k} N={n}: rows of M={m} differ from the same rows at M=8192")
     assert not bad, bad
+
+
+def _fold_case(gen: torch.Generator, n: int, k: int, rows: int, tiles: int, tile: int, pad_frac: float):
+    """dY [rows, n], X [rows, k] (rows padded to whole 16-byte chunks) with NaN in the rows no plan slot
+    reads, and a plan [tiles, tile] of permuted rows with -1 (zero) slots."""
+    dy = torch.randn(rows, -(-n // 8) * 8, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, -(-k // 8) * 8, generator=gen).to(torch.bfloat16)
+    slots = tiles * tile
+    plan = torch.randperm(rows, generator=gen)[:slots].to(torch.int32)
+    if slots > rows:
+        plan = torch.cat([plan, torch.full((slots - rows,), -1, dtype=torch.int32)])
+    plan[torch.rand(slots, generator=gen) < pad_frac] = -1
+    unread = torch.ones(rows, dtype=torch.bool)
+    unread[plan[plan >= 0].long()] = False
+    dy[unread], x[unread] = float("nan"), float("nan")
+    return dy.cuda(), x.cuda(), plan.view(tiles, tile).cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
+    """The wgmma fold (gemm_fold_sm90.cu) and the mma.sync fold give the same bits, split or not.
+
+    Both start from the loaded main grad and run one 16-slot step after another over the plan, so the
+    dispatch may pick either without moving a bit. Cases: full 128 x 256 tiles, ragged N / K (a partial
+    16-byte chunk at the edge of a row, tiles past the edge), a plan whose length is not a multiple of the 64-slot stage
+    (its last steps), -1 slots and NaN rows that no slot reads, a main grad with -0.0 entries; and a fold
+    split across two calls (the canonical chunked call) equals the fold in one call. A planted defect in
+    the stage pipeline (a stage read before it lands, a slot refilled too early) or in the gather moves
+    bits against the mma.sync fold here; the float64 check guards against both paths being wrong alike.
+    """
+    ext = runtime.load()
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0) or not ext.build_info().get("sm90_gemm"):
+        pytest.skip("the Hopper fold needs a CC 9.0 device and a build with the nvidia-cutlass headers")
+    gen = torch.Generator().manual_seed(12)
+    dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
+    bad = []
+    # (N, K, rows, tiles, tile, fraction of -1 slots)
+    for n, k, rows, tiles, tile, pad in ((512, 1024, 4096, 64, 64, 0.0), (1001, 1030, 1500, 45, 32, 0.1),
+                                         (136, 264, 300, 21, 16, 0.3), (4096, 4096, 4096, 256, 16, 0.0)):
+        dy, x, plan = _fold_case(gen, n, k, rows, tiles, tile, pad)
+        g0 = torch.randn(n, k, generator=gen)
+        g0[torch.rand(n, k, generator=gen) < 0.05] = -0.0
+        g0 = g0.cuda()
+
+        def fold(path: int, first: int, last: int, grad: torch.Tensor, case=(dy, x, plan, n, k)) -> None:
+            f_dy, f_x, f_plan, f_n, f_k = case
+            sub = f_plan[first:last].contiguous()
+            ext.gemm_dw_fold(sub.data_ptr(), last - first, sub.shape[1], f_dy.data_ptr(), f_x.data_ptr(),
+                             grad.data_ptr(), f_n, f_k, f_dy.stride(0), f_x.stride(0), f_k, dev, stream, path)
+
+        outs = {}
+        for path in (1, 2):
+            whole = g0.clone()
+            fold(path, 0, tiles, whole)
+            split = g0.clone()
+            fold(path, 0, tiles // 3, split)
+            fold(path, tiles // 3, tiles, split)
+            outs[path] = whole
+            if not bitwise_compare(whole, split).equal:
+                bad.append(f"path {path} N={n} K={k}: a fold split across two calls differs from one call")
+        diff = bitwise_compare(outs[1], outs[2])
+        if not diff.equal:
+            bad.append(f"N={n} K={k} tile={tile}: {diff.mismatched} elements differ between the folds")
+        flat = plan.reshape(-1).long()
+        take = flat >= 0
+        ref = g0.double() + dy[flat[take], :n].double().t() @ x[flat[take], :k].double()
+        err = (outs[2].double() - ref).abs().max().item()
+        if not err < 1e-3 * max(1.0, ref.abs().max().item()):
+            bad.append(f"N={n} K={k}: max error {err:.3g} against float64")
+    assert not bad, bad
