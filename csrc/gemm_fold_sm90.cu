@@ -31,6 +31,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/arch/reg_reconfig.h"
 #include "cutlass/numeric_types.h"
+#include "fold_sm90_layout.cuh"
 #include "gradsweep.h"
 
 namespace gs {
@@ -41,7 +42,7 @@ using Elem = cutlass::bfloat16_t;
 
 constexpr int kBM = 128;  // rows of G (columns of dY) per CTA
 constexpr int kBN = 256;  // columns of G (columns of X) per CTA
-constexpr int kBK = 64;   // token slots per stage
+constexpr int kBK = kFoldSlotsPerStage;  // token slots per stage
 constexpr int kStages = 4;
 constexpr int kConsumers = kBM / 64;  // consumer warpgroups, one per 64 rows
 constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
@@ -78,10 +79,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes from global memory into shared memory; src_bytes = 0 writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
 // Arrives on `bar` (as one of its expected arrivals) once every cp.async this thread issued so far has landed.
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
@@ -120,29 +117,40 @@ __device__ __forceinline__ StagePlan stage_plan(const int32_t* plan, int64_t T, 
   return {s < T ? __ldg(plan + s) : -1, s + 32 < T ? __ldg(plan + s + 32) : -1};
 }
 
-// Stage `stage` of operand tile s (ROWS output rows x kBK token slots, MN-major) <- columns [r0, r0 + ROWS) of
-// the token rows of the stage's plan entries (extent columns; 16-byte aligned rows, checked by the dispatch).
-template <int ROWS, class STensor>
-__device__ __forceinline__ void load_stage(STensor& s, int stage, const Elem* src, int64_t ld, int64_t extent,
+// Stage `stage` of an operand tile (ROWS output rows x kBK token slots, MN-major, 128-byte swizzle, at shared
+// address `smem`) <- columns [r0, r0 + ROWS) of the token rows of the stage's plan entries (extent columns;
+// 16-byte aligned rows, checked by the dispatch). Why the address is computed here rather than through the
+// CuTe tensor: the producer's issue rate bounds the kernel, and per thread the chunk column c is fixed and
+// the slot advances by a constant, so a chunk costs a shuffle pair, a few integer ops and its cp.async.
+// The formula is CuTe's tile_to_shape(Layout_MN_SW128_Atom, (ROWS, kBK, kStages)): 64 x 8 atoms of 1 KiB,
+// M-mode atoms first, then the slot's atom, then the stage; inside an atom, slot t is the 128-byte row
+// t % 8 whose 16-byte chunks are XOR-swizzled by t % 8 (fold_sm90_layout.cuh, checked against CuTe by
+// tests/test_audit_kernels.py).
+template <int ROWS>
+__device__ __forceinline__ void load_stage(uint32_t smem, int stage, const Elem* src, int64_t ld, int64_t extent,
                                            int64_t r0, StagePlan rows) {
   static_assert(kBK == 64, "two plan entries per lane");
-  constexpr int kChunks = ROWS / 8;  // 16-byte chunks per token row
-  constexpr int kTotal = kChunks * kBK;
-  static_assert(kTotal % 128 == 0, "whole chunks per producer thread");
-#pragma unroll 4  // fully unrolled, the 24 chunks would not fit the producer's 40 registers
-  for (int j = 0; j < kTotal / 128; ++j) {
-    const int i = static_cast<int>(threadIdx.x) + j * 128;  // the producer warpgroup is threads 0 .. 127
-    const int t = i / kChunks;
-    const int c = i - t * kChunks;
+  constexpr int kChunks = ROWS / 8;       // 16-byte chunks per token row
+  constexpr int kStep = 128 / kChunks;    // slots between a producer thread's consecutive chunks
+  static_assert(128 % kChunks == 0 && kBK % kStep == 0, "whole chunks per producer thread");
+  const int c = static_cast<int>(threadIdx.x) % kChunks;  // the producer warpgroup is threads 0 .. 127
+  const int t0 = static_cast<int>(threadIdx.x) / kChunks;
+  const int64_t col = r0 + c * 8;
+  // A whole chunk, the partial chunk at the right edge (its missing elements zero-filled), or none.
+  const int bytes = col >= extent ? 0 : col + 8 <= extent ? 16 : static_cast<int>(extent - col) * 2;
+  const Elem* src_col = src + (bytes > 0 ? col : 0);
+#pragma unroll 4
+  for (int j = 0; j < kBK / kStep; ++j) {
+    const int t = t0 + j * kStep;
     const int lo = __shfl_sync(0xffffffffu, rows.lo, t & 31);
     const int hi = __shfl_sync(0xffffffffu, rows.hi, t & 31);
-    const int64_t row = t < 32 ? lo : hi;
-    const int64_t col = r0 + c * 8;
-    Elem* dst = &s(c * 8, t, stage);
-    if (row < 0 || col >= extent) {
-      cp_async16(dst, src, 0);  // a zero row, or columns past the edge
-    } else {  // a whole chunk, or the partial chunk at the right edge (its missing elements zero-filled)
-      cp_async16(dst, src + row * ld + col, col + 8 <= extent ? 16 : static_cast<int>(extent - col) * 2);
+    const int row = t < 32 ? lo : hi;
+    const uint32_t dst = smem + swizzled_offset<ROWS, kBK>(stage, c, t);
+    if (row < 0 || bytes == 0) {  // a zero row, or columns past the edge: 16 zero bytes, nothing read
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 0;\n" ::"r"(dst), "l"(src));
+    } else {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src_col + row * ld),
+                   "r"(bytes));
     }
   }
 }
@@ -182,13 +190,14 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p) {
   if (wg == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<40>();
     const int lane = static_cast<int>(threadIdx.x) & 31;
+    const uint32_t smem_a = smem_addr(base), smem_b = smem_addr(base + kSmemA);
     StagePlan rows = stage_plan(p.plan, p.T, 0, lane);
     for (int64_t kt = 0; kt < n_stages; ++kt) {
       const StagePlan next = stage_plan(p.plan, p.T, kt + 1, lane);  // in flight while this stage is issued
       const int stage = static_cast<int>(kt % kStages);
       if (kt >= kStages) bar_wait(empty + stage, static_cast<uint32_t>((kt / kStages + 1) & 1));
-      load_stage<kBM>(sA, stage, p.dy, p.ldy, p.N, m0, rows);
-      load_stage<kBN>(sB, stage, p.x, p.ldx, p.K, n0, rows);
+      load_stage<kBM>(smem_a, stage, p.dy, p.ldy, p.N, m0, rows);
+      load_stage<kBN>(smem_b, stage, p.x, p.ldx, p.K, n0, rows);
       cp_async_arrive(full + stage);  // fires once this thread's copies of the stage have landed
       rows = next;
     }

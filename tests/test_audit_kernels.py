@@ -165,3 +165,62 @@ def test_hopper_gemm_ptx_uses_wgmma_and_no_atomics(source: str, tmp_path: Path) 
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", text), "no wgmma"
     hits = [m.group(0) for m in _PTX_ATOMIC.finditer(text)]
     assert not hits, f"{source}: atomic instructions in the generated PTX: {hits[:5]}"
+
+
+_LAYOUT_CHECK = r"""
+#include <cstdio>
+#include "cute/tensor.hpp"
+#include "cute/atom/mma_traits_sm90_gmma.hpp"
+#include "cutlass/numeric_types.h"
+#include "fold_sm90_layout.cuh"
+using namespace cute;
+using Elem = cutlass::bfloat16_t;
+template <int ROWS, int BK, int S>
+long mismatches() {
+  using L = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Elem>{}, make_shape(Int<ROWS>{}, Int<BK>{}, Int<S>{})));
+  Elem* base = reinterpret_cast<Elem*>(uintptr_t(1) << 20);  // 1 KiB aligned, never dereferenced
+  Tensor s = make_tensor(make_smem_ptr(base), L{});
+  long bad = 0;
+  for (int st = 0; st < S; ++st)
+    for (int t = 0; t < BK; ++t)
+      for (int c = 0; c < ROWS / 8; ++c)
+        for (int e = 0; e < 8; ++e) {
+          long cute_off = reinterpret_cast<char*>(&s(c * 8 + e, t, st)) - reinterpret_cast<char*>(base);
+          long ours = long(gs::fold90::swizzled_offset<ROWS, BK>(st, c, t) ^ PLANT) + 2 * e;
+          bad += cute_off != ours;
+        }
+  return bad;
+}
+int main() {
+  constexpr int BK = gs::fold90::kFoldSlotsPerStage;
+  long bad = mismatches<128, BK, 4>() + mismatches<256, BK, 4>() + mismatches<64, BK, 2>();
+  printf("mismatches %ld\n", bad);
+  return bad != 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_hopper_fold_chunk_addresses_match_the_cute_layout(tmp_path: Path) -> None:
+    """The fold's producer writes each gathered 16-byte chunk where wgmma's CuTe layout expects it.
+
+    fold_sm90_layout.cuh's formula is compiled on the host beside CuTe's swizzled MN-major layout (the one
+    the wgmma descriptors are built from) and compared on every element of the tile shapes the kernel
+    uses; a planted swizzle slip (chunk index XOR 1, PLANT=16) must be reported, so the comparison can fail.
+    """
+    include = _cutlass_include()
+    if include is None:
+        pytest.skip("nvidia-cutlass headers not installed")
+    src = tmp_path / "layout.cu"
+    src.write_text(_LAYOUT_CHECK)
+    results = {}
+    for plant in ("0", "16"):
+        exe = tmp_path / f"layout{plant}"
+        cmd = ["nvcc", str(src), "-o", str(exe), "-std=c++17", "--expt-relaxed-constexpr", f"-DPLANT={plant}",
+               f"-I{CSRC}", f"-I{include}"]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+        results[plant] = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    good, planted = results.values()
+    assert good.returncode == 0, good.stdout
+    assert planted.returncode != 0, "a planted extra mismatch was not reported"
