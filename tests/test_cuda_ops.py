@@ -197,6 +197,14 @@ def test_gpu_rows_do_not_depend_on_the_batch() -> None:
     assert not any(bad.values()), bad
 
 
+def _hopper_ext_or_skip(what: str):
+    """The extension, device and stream where the Hopper kernels can run (CC 9.0, a build with them), else skip."""
+    ext = runtime.load()
+    if torch.cuda.get_device_capability() != (9, 0) or not ext.build_info().get("sm90_gemm"):
+        pytest.skip(f"{what} needs a CC 9.0 device and a build with the nvidia-cutlass headers")
+    return ext, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
 def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
@@ -207,12 +215,8 @@ def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
     (a split of K, another step order) fails here. On a CC 9.0 device with a build that has the Hopper
     kernels, path 2 must run (no silent portable path).
     """
-    ext = runtime.load()
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0) or not ext.build_info().get("sm90_gemm"):
-        pytest.skip("the Hopper GEMM needs a CC 9.0 device and a build with the nvidia-cutlass headers")
+    ext, dev, stream = _hopper_ext_or_skip("the Hopper GEMM")
     gen = torch.Generator().manual_seed(11)
-    dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
 
     def randn(*shape, scale=1.0):
         return (torch.randn(shape, generator=gen) * scale).to(torch.bfloat16).to("cuda")
@@ -257,6 +261,16 @@ def _fold_case(gen: torch.Generator, n: int, k: int, rows: int, tiles: int, tile
     return dy.cuda(), x.cuda(), plan.view(tiles, tile).cuda()
 
 
+def _fold_tiles(target, path: int, plan: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, n: int, k: int,
+                grad: torch.Tensor) -> None:
+    """gemm_dw_fold of the plan's tiles (a [tiles, tile] slice) into grad [n, k], by kernel path ``path``;
+    ``target`` is _hopper_ext_or_skip's (extension, device, stream)."""
+    ext, dev, stream = target
+    plan = plan.contiguous()
+    ext.gemm_dw_fold(plan.data_ptr(), plan.shape[0], plan.shape[1], dy.data_ptr(), x.data_ptr(), grad.data_ptr(),
+                     n, k, dy.stride(0), x.stride(0), k, dev, stream, path)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
 def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
@@ -264,19 +278,15 @@ def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
 
     Both start from the loaded main grad and run one 16-slot step after another over the plan, so the
     dispatch may pick either without moving a bit. Cases: full 128 x 256 tiles, ragged N / K (a partial
-    16-byte chunk at the edge of a row, tiles past the edge), a plan whose length is not a multiple of the 64-slot stage
-    (its last steps), -1 slots and NaN rows that no slot reads, a main grad with -0.0 entries; and a fold
+    16-byte chunk at the edge of a row, tiles past the edge), a plan whose length is not a multiple of the
+    64-slot stage (its last steps), -1 slots and NaN rows that no slot reads, a main grad with -0.0 entries; and a fold
     split across two calls (the canonical chunked call) equals the fold in one call. A planted defect in
     the stage pipeline (a stage read before it lands, a slot refilled too early) or in the gather moves
     bits against the mma.sync fold here; the float64 check (the contract's dW rule against its FP32 stock
     fold) guards against both paths being wrong alike.
     """
-    ext = runtime.load()
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0) or not ext.build_info().get("sm90_gemm"):
-        pytest.skip("the Hopper fold needs a CC 9.0 device and a build with the nvidia-cutlass headers")
+    target = _hopper_ext_or_skip("the Hopper fold")
     gen = torch.Generator().manual_seed(12)
-    dev, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
     rule = load_contract(MANIFEST_DIR / "contract.yaml").resolve(
         CheckKind.GRADIENT_ACCURACY, "det_gemm", "dW", "bfloat16", "cuda_bf16")
     tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
@@ -289,19 +299,13 @@ def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
         g0[torch.rand(n, k, generator=gen) < 0.05] = -0.0
         g0 = g0.cuda()
 
-        def fold(path: int, first: int, last: int, grad: torch.Tensor, case=(dy, x, plan, n, k)) -> None:
-            f_dy, f_x, f_plan, f_n, f_k = case
-            sub = f_plan[first:last].contiguous()
-            ext.gemm_dw_fold(sub.data_ptr(), last - first, sub.shape[1], f_dy.data_ptr(), f_x.data_ptr(),
-                             grad.data_ptr(), f_n, f_k, f_dy.stride(0), f_x.stride(0), f_k, dev, stream, path)
-
         outs = {}
         for path in (1, 2):
             whole = g0.clone()
-            fold(path, 0, tiles, whole)
+            _fold_tiles(target, path, plan, dy, x, n, k, whole)
             split = g0.clone()
-            fold(path, 0, tiles // 3, split)
-            fold(path, tiles // 3, tiles, split)
+            _fold_tiles(target, path, plan[: tiles // 3], dy, x, n, k, split)
+            _fold_tiles(target, path, plan[tiles // 3:], dy, x, n, k, split)
             outs[path] = whole
             if not bitwise_compare(whole, split).equal:
                 bad.append(f"path {path} N={n} K={k}: a fold split across two calls differs from one call")
