@@ -201,18 +201,19 @@ PYBIND11_MODULE(_C, m) {
      py::arg("ldb"), py::arg("ldc"), py::arg("accumulate"), py::arg("device"), py::arg("stream"),
      py::arg("path") = gs::kGemmAuto);
   m.def("gemm_dw_fold", [check_gemm](uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
-                                     uintptr_t grad, int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg,
-                                     int device, uintptr_t stream, int path) {
+                                     uintptr_t grad, int64_t rows, int64_t N, int64_t K, int64_t ldy, int64_t ldx,
+                                     int64_t ldg, int device, uintptr_t stream, int path) {
     check_gemm(N, K, n_tiles, "gemm_dw_fold");
+    require(rows >= 0, "gemm_dw_fold: rows (of dY and X) must be >= 0");
     // A fold tile of 16k tokens keeps every call's 16-token mma steps on the same canonical slots.
     require(tile > 0 && tile % 16 == 0, "gemm_dw_fold: tile must be a positive multiple of 16");
     require(ldy >= N && ldx >= K && ldg >= K, "gemm_dw_fold: leading dimensions too small");
     require(n_tiles <= (1LL << 40) / tile, "gemm_dw_fold: n_tiles * tile too large");
     require(path >= gs::kGemmAuto && path <= gs::kGemmSm90, "gemm_dw_fold: path must be 0 (auto), 1 or 2");
-    check(gs::gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream, path),
+    check(gs::gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream, path),
           "gemm_dw_fold");
   }, py::arg("plan"), py::arg("n_tiles"), py::arg("tile"), py::arg("dy"), py::arg("x"), py::arg("grad"),
-     py::arg("N"), py::arg("K"), py::arg("ldy"), py::arg("ldx"), py::arg("ldg"), py::arg("device"),
+     py::arg("rows"), py::arg("N"), py::arg("K"), py::arg("ldy"), py::arg("ldx"), py::arg("ldg"), py::arg("device"),
      py::arg("stream"), py::arg("path") = gs::kGemmAuto);
 
   m.def("llp_forward", [check_gemm](uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t part,

@@ -34,11 +34,9 @@ bool hopper(int device) {
 constexpr int64_t kInt32Max = 2147483647LL;
 
 // Whether the Hopper kernels run this bf16-out GEMM: hopper(), sizes within int32, every operand 16-byte
-// aligned with a leading dimension of whole 16-byte chunks (TMA's rules).
-bool sm90_gemm_applies(const void* a, int64_t lda, const void* b, int64_t ldb, const void* c, int64_t ldc,
-                       int64_t M, int64_t N, int64_t K, int device) {
-  if (!hopper(device) || M > kInt32Max || N > kInt32Max || K > kInt32Max || K == 0) return false;
-  return mma::vec_ok(a, lda) && mma::vec_ok(b, ldb) && mma::vec_ok(c, ldc);
+// aligned with a leading dimension of whole 16-byte chunks (`aligned`: TMA's rules, mma::vec_ok).
+bool sm90_gemm_applies(bool aligned, int64_t M, int64_t N, int64_t K, int device) {
+  return aligned && hopper(device) && M <= kInt32Max && N <= kInt32Max && K <= kInt32Max && K > 0;
 }
 
 // 1 = run the Hopper kernels, 0 = the mma.sync kernels, < 0 = -(error code) (path kGemmSm90 not applicable).
@@ -58,12 +56,13 @@ int gemm_nt(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t
   const auto* ap = reinterpret_cast<const bf16*>(a);
   const auto* bp = reinterpret_cast<const bf16*>(b);
   auto* cp = reinterpret_cast<bf16*>(c);
-  const int sm90 = choose_sm90(path, sm90_gemm_applies(ap, lda, bp, ldb, cp, ldc, M, N, K, device));
+  const bool vec_a = mma::vec_ok(ap, lda), vec_b = mma::vec_ok(bp, ldb);
+  const int sm90 = choose_sm90(path, sm90_gemm_applies(vec_a && vec_b && mma::vec_ok(cp, ldc), M, N, K, device));
   if (sm90 < 0) return -sm90;
 #ifndef GS_NO_SM90_GEMM
   if (sm90 == 1) return gemm_sm90_nt(a, b, c, M, N, K, lda, ldb, ldc, device, stream);
 #endif
-  const GemmArgs g{ap, lda, bp, ldb, M, N, K, nullptr, mma::vec_ok(ap, lda), mma::vec_ok(bp, ldb)};
+  const GemmArgs g{ap, lda, bp, ldb, M, N, K, nullptr, vec_a, vec_b};
   const mma::EpiBf16 epi{cp, ldc, ldc % 2 == 0 && (reinterpret_cast<uintptr_t>(cp) & 3u) == 0};
   return mma::launch_by_m<true, true>(g, epi, reinterpret_cast<cudaStream_t>(stream));
 }
@@ -76,13 +75,14 @@ int gemm_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t
   const auto* ap = reinterpret_cast<const bf16*>(a);
   const auto* bp = reinterpret_cast<const bf16*>(b);
   // The fp32 accumulating form keeps the mma.sync kernels (its accumulator is loaded before the K loop).
-  const int sm90 = choose_sm90(
-      path, !accumulate && sm90_gemm_applies(ap, lda, bp, ldb, reinterpret_cast<void*>(c), ldc, M, N, K, device));
+  const bool vec_a = mma::vec_ok(ap, lda), vec_b = mma::vec_ok(bp, ldb);
+  const bool aligned = vec_a && vec_b && mma::vec_ok(reinterpret_cast<const void*>(c), ldc);
+  const int sm90 = choose_sm90(path, !accumulate && sm90_gemm_applies(aligned, M, N, K, device));
   if (sm90 < 0) return -sm90;
 #ifndef GS_NO_SM90_GEMM
   if (sm90 == 1) return gemm_sm90_nn(a, b, c, M, N, K, lda, ldb, ldc, device, stream);
 #endif
-  const GemmArgs g{ap, lda, bp, ldb, M, N, K, nullptr, mma::vec_ok(ap, lda), mma::vec_ok(bp, ldb)};
+  const GemmArgs g{ap, lda, bp, ldb, M, N, K, nullptr, vec_a, vec_b};
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   if (accumulate) {
     return mma::launch_by_m<true, false>(g, mma::EpiF32Acc{reinterpret_cast<float*>(c), ldc}, s);
@@ -93,26 +93,24 @@ int gemm_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t
 }
 
 int gemm_dw_fold(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t grad,
-                 int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream,
-                 int path) {
+                 int64_t rows, int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device,
+                 uintptr_t stream, int path) {
   if (n_tiles == 0 || N == 0 || K == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
   const auto* yp = reinterpret_cast<const bf16*>(dy);
   const auto* xp = reinterpret_cast<const bf16*>(x);
   const int64_t T = n_tiles * tile;
-  // The Hopper fold gathers 16-byte chunks of token rows with cp.async and runs one CTA per 128 x 256 tile.
-  const bool applies = hopper(device) && T <= kInt32Max && N <= kInt32Max && K <= kInt32Max &&
-                       ((N + 127) / 128) * ((K + 255) / 256) <= kInt32Max && mma::vec_ok(yp, ldy) &&
-                       mma::vec_ok(xp, ldx);
+  const bool vec_y = mma::vec_ok(yp, ldy), vec_x = mma::vec_ok(xp, ldx);
+  // The Hopper fold reads token rows by TMA and 16-byte cp.async chunks (16-byte aligned rows).
+  const bool applies = hopper(device) && T <= kInt32Max && N <= kInt32Max && K <= kInt32Max && vec_y && vec_x;
   const int sm90 = choose_sm90(path, applies);
   if (sm90 < 0) return -sm90;
 #ifndef GS_NO_SM90_GEMM
-  if (sm90 == 1) return gemm_sm90_dw_fold(plan, T, dy, x, grad, N, K, ldy, ldx, ldg, device, stream);
+  if (sm90 == 1) return gemm_sm90_dw_fold(plan, T, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream);
 #endif
   // A(n, t) = dY[p(t), n] (M-major), B(k, t) = X[p(t), k] (N-major), reduction over t = plan slots.
-  const GemmArgs g{yp, ldy, xp, ldx, N, K, T, reinterpret_cast<const int32_t*>(plan), mma::vec_ok(yp, ldy),
-                   mma::vec_ok(xp, ldx)};
+  const GemmArgs g{yp, ldy, xp, ldx, N, K, T, reinterpret_cast<const int32_t*>(plan), vec_y, vec_x};
   return mma::launch_gemm<mma::CfgLarge, false, false>(g, mma::EpiF32Acc{reinterpret_cast<float*>(grad), ldg},
                                                        reinterpret_cast<cudaStream_t>(stream));
 }

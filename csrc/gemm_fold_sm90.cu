@@ -1,38 +1,52 @@
 // Canonical dW fold on Hopper (sm_90a): G[N, K] (fp32, LOADED first) += sum over the plan's token slots t,
-// in ascending t, of dY[p(t), n] X[p(t), k]; wgmma from shared memory, operands gathered by cp.async.
+// in ascending t, of dY[p(t), n] X[p(t), k]; wgmma from shared memory, operands loaded by TMA where a stage's
+// 64 slots are 64 consecutive token rows, else gathered by cp.async.
 //
 // Why not a CUTLASS collective: the fold needs two things CUTLASS's sm90 mainloops do not do. (1) The
 // accumulator starts as the main grad (DESIGN.md: the kernel loads it before its reduction loop, so a fold
 // split across calls runs the very same chain as one call); CUTLASS's mainloops start from zero. (2) The
-// reduction rows are gathered through the plan (token rows in canonical order, -1 = a zero row); TMA on
-// Hopper cannot gather rows. So this kernel is written here with CuTe's wgmma atoms and swizzled layouts.
+// reduction rows come through the plan (token rows in canonical order, -1 = a zero row); TMA on Hopper
+// cannot gather rows. So this kernel is written here with CuTe's wgmma atoms and swizzled layouts.
 //
 // Why it is batch-invariant and equal to the mma.sync fold (gemm.cu, mma_gemm.cuh): every output element
 // is one fp32 accumulator register that receives, in ascending t, one wgmma per 16-slot step (a k16 step
 // of wgmma m64n256k16), starting from the loaded main grad. No split of the token range anywhere; the
 // plan decides which rows are read, never the order of the steps. A step past the plan's end is not
 // issued (a zero step would turn a -0 accumulator into +0); -1 rows and columns past N / K are zero-filled
-// in shared memory (cp.async with source size 0: never read, so a NaN pad row cannot leak into 0 * NaN).
+// in shared memory (cp.async with source size 0, TMA's out-of-bounds fill: never read, so a NaN pad row
+// cannot leak into 0 * NaN). TMA and cp.async put the same bytes at the same shared addresses, so the
+// choice per stage is a speed choice only (the GPU test folds one plan both ways and compares bits).
 //
-// Pipeline (one CTA per 128 x 256 output tile, warp-specialised): a producer warpgroup gathers token rows
-// with cp.async into kStages shared-memory stages of 64 token slots; each producer thread's copies of a
-// stage arrive on the stage's "full" barrier when they land (cp.async.mbarrier.arrive: the producer never
-// waits for its own copies). Two consumer warpgroups (64 rows each) wait for a full stage, fence it for
-// the async proxy, run wgmma on it with one batch in flight, and each warp arrives on the stage's "empty"
-// barrier once its batch on it has retired. The producer keeps few registers (setmaxnreg), so the
+// Pipeline (one CTA per 128 x 256 output tile, warp-specialised): a producer warpgroup fills kStages
+// shared-memory stages of 64 token slots. A stage whose 64 plan entries are 64 consecutive rows (a
+// canonical tile read in place: what packed, chunked and per-sample calls mostly give) is loaded by six TMA
+// boxes that complete on the stage's "full" barrier (one thread arrives with the byte count, the others
+// plainly). Any other stage (a sample's last, short tile; permuted rows) is gathered chunk by chunk with
+// cp.async, each producer thread's copies arriving on the barrier when they land
+// (cp.async.mbarrier.arrive: the producer never waits for its own copies). Why both: measured on the H200
+// (notes/kernels_cuda.md), 128 threads issuing 16-byte cp.async bound the kernel near 210-230 TFLOP/s while
+// the consumers alone ran at ~600. Two consumer warpgroups (64 rows each) wait for a full stage, fence it
+// for the async proxy, run wgmma on it with one batch in flight, and each warp arrives on the stage's
+// "empty" barrier once its batch on it has retired. The producer keeps few registers (setmaxnreg), so the
 // consumers hold their 128 accumulators without spilling.
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
+#include "common.cuh"
+#include "cute/arch/copy_sm90_desc.hpp"
+#include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/arch/mma_sm90.hpp"
 #include "cute/atom/mma_atom.hpp"
-#include "common.cuh"
 #include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 #include "cutlass/numeric_types.h"
 #include "fold_sm90_layout.cuh"
 #include "gradsweep.h"
+#include "tensor_map.cuh"
 
 namespace gs {
 namespace fold90 {
@@ -46,12 +60,11 @@ constexpr int kBK = kFoldSlotsPerStage;  // token slots per stage
 constexpr int kStages = 4;
 constexpr int kConsumers = kBM / 64;  // consumer warpgroups, one per 64 rows
 constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
+constexpr int kBox = 64;  // columns per TMA box: one 128-byte swizzled row of bf16
 
 // Operands in shared memory are MN-major (a token row of dY / X is contiguous along n / k), 128-byte swizzle.
-using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Elem>{},
-                                           make_shape(Int<kBM>{}, Int<kBK>{}, Int<kStages>{})));
-using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Elem>{},
-                                           make_shape(Int<kBN>{}, Int<kBK>{}, Int<kStages>{})));
+using SmemLayoutA = FoldSmemLayout<kBM, kBK, kStages>;
+using SmemLayoutB = FoldSmemLayout<kBN, kBK, kStages>;
 using TiledMma = decltype(make_tiled_mma(
     GMMA::ss_op_selector<Elem, Elem, float, Shape<Int<64>, Int<kBN>, Int<kBK>>, GMMA::Major::MN,
                          GMMA::Major::MN>(),
@@ -61,13 +74,17 @@ constexpr int kSmemA = cosize_v<SmemLayoutA>;
 constexpr int kSmemB = cosize_v<SmemLayoutB>;
 constexpr int kSmemBarrier = (kSmemA + kSmemB) * static_cast<int>(sizeof(Elem));  // barriers after the operands
 constexpr int kSmemBytes = kSmemBarrier + 2 * kStages * 8 + 1024;  // + full / empty barriers, alignment slack
+constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * sizeof(Elem);  // what a stage's TMA boxes deliver
+
+using FullBarrier = cutlass::arch::ClusterTransactionBarrier;  // producer -> consumers: a stage has landed
+using EmptyBarrier = cutlass::arch::ClusterBarrier;            // consumers -> producer: a stage may be refilled
 
 struct Params {
   const int32_t* plan;  // T token slots: a row of dY / X, or -1 (a zero row)
   int64_t T;
-  const Elem* dy;  // [rows of the batch, N], leading dimension ldy
+  const Elem* dy;  // [rows, N], leading dimension ldy
   int64_t ldy;
-  const Elem* x;  // [rows of the batch, K], leading dimension ldx
+  const Elem* x;  // [rows, K], leading dimension ldx
   int64_t ldx;
   float* g;  // [N, K], leading dimension ldg
   int64_t ldg;
@@ -75,37 +92,12 @@ struct Params {
   int tiles_m, tiles_n;
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // Arrives on `bar` (as one of its expected arrivals) once every cp.async this thread issued so far has landed.
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(cast_smem_ptr_to_uint(bar))
+               : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-// Orders the shared-memory writes this thread has observed (the producer's cp.async, acquired through the
-// stage's barrier) before its following wgmma reads them through the async proxy.
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-__device__ __forceinline__ void bar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-// Waits until the barrier's phase of parity `parity` has completed.
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "GS_FOLD_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra GS_FOLD_WAIT;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
 
 // The plan entries of the 64 slots of stage kt, two per lane: slot t0 + lane (lo) and t0 + 32 + lane (hi);
 // -1 past the plan's end. Loaded a stage ahead, so the gather's addresses never wait on a plan load.
@@ -120,12 +112,9 @@ __device__ __forceinline__ StagePlan stage_plan(const int32_t* plan, int64_t T, 
 // Stage `stage` of an operand tile (ROWS output rows x kBK token slots, MN-major, 128-byte swizzle, at shared
 // address `smem`) <- columns [r0, r0 + ROWS) of the token rows of the stage's plan entries (extent columns;
 // 16-byte aligned rows, checked by the dispatch). Why the address is computed here rather than through the
-// CuTe tensor: the producer's issue rate bounds the kernel, and per thread the chunk column c is fixed and
-// the slot advances by a constant, so a chunk costs a shuffle pair, a few integer ops and its cp.async.
-// The formula is CuTe's tile_to_shape(Layout_MN_SW128_Atom, (ROWS, kBK, kStages)): 64 x 8 atoms of 1 KiB,
-// M-mode atoms first, then the slot's atom, then the stage; inside an atom, slot t is the 128-byte row
-// t % 8 whose 16-byte chunks are XOR-swizzled by t % 8 (fold_sm90_layout.cuh, checked against CuTe by
-// tests/test_audit_kernels.py).
+// CuTe tensor: the gather's issue rate bounds these stages, and per thread the chunk column c is fixed and
+// the slot advances by a constant, so a chunk costs a shuffle pair, a few integer ops and its cp.async (the
+// formula is FoldSmemLayout's, checked against CuTe by tests/test_audit_kernels.py).
 template <int ROWS>
 __device__ __forceinline__ void load_stage(uint32_t smem, int stage, const Elem* src, int64_t ld, int64_t extent,
                                            int64_t r0, StagePlan rows) {
@@ -155,9 +144,30 @@ __device__ __forceinline__ void load_stage(uint32_t smem, int stage, const Elem*
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p) {
+// Whether stage `rows` is 64 consecutive token rows first .. first + 63 (then six TMA boxes load it).
+__device__ __forceinline__ bool stage_is_run(StagePlan rows, int lane, int32_t& first) {
+  first = __shfl_sync(0xffffffffu, rows.lo, 0);
+  const int64_t f = first;
+  return __all_sync(0xffffffffu, f >= 0 && rows.lo == f + lane && rows.hi == f + 32 + lane) != 0;
+}
+
+// Stage `stage` <- token rows first .. first + kBK - 1 by TMA: ROWS / kBox boxes per operand, columns past N /
+// K zero-filled. Called by one thread, after it announced kStageBytes on the stage's full barrier.
+template <int ROWS>
+__device__ __forceinline__ void tma_stage(const CUtensorMap* map, uint64_t* full, Elem* tile, int stage,
+                                          int64_t r0, int32_t first) {
+  CUTE_UNROLL
+  for (int a = 0; a < ROWS / kBox; ++a) {
+    SM90_TMA_LOAD_2D::copy(map, full, static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL),
+                           reinterpret_cast<uint8_t*>(tile) + box_offset<ROWS, kBK>(stage, a),
+                           static_cast<int32_t>(r0 + a * kBox), first);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p, const __grid_constant__ CUtensorMap tma_dy,
+                                                             const __grid_constant__ CUtensorMap tma_x) {
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;  // the 128-byte swizzle needs 1 KiB
+  const uint32_t pad = (1024u - (cast_smem_ptr_to_uint(smem_raw) & 1023u)) & 1023u;  // the 128-byte swizzle needs 1 KiB
   uint8_t* smem = smem_raw + pad;
   Elem* base = reinterpret_cast<Elem*>(smem);
   Tensor sA = make_tensor(make_smem_ptr(base), SmemLayoutA{});            // (BM, BK, STAGES)
@@ -166,10 +176,10 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p) {
   uint64_t* empty = full + kStages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      bar_init(full + s, 128);               // every producer thread, once its copies have landed
-      bar_init(empty + s, kConsumers * 4);  // every consumer warp, once its batch on the stage retired
+      FullBarrier::init(full + s, 128);               // every producer thread (+ the TMA bytes of a run stage)
+      EmptyBarrier::init(empty + s, kConsumers * 4);  // every consumer warp, once its batch on the stage retired
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
+    cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
@@ -190,15 +200,31 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p) {
   if (wg == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<40>();
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    const uint32_t smem_a = smem_addr(base), smem_b = smem_addr(base + kSmemA);
+    const bool leader = threadIdx.x == 0;
+    const uint32_t smem_a = cast_smem_ptr_to_uint(base), smem_b = cast_smem_ptr_to_uint(base + kSmemA);
+    if (leader) {
+      prefetch_tma_descriptor(&tma_dy);
+      prefetch_tma_descriptor(&tma_x);
+    }
     StagePlan rows = stage_plan(p.plan, p.T, 0, lane);
     for (int64_t kt = 0; kt < n_stages; ++kt) {
       const StagePlan next = stage_plan(p.plan, p.T, kt + 1, lane);  // in flight while this stage is issued
       const int stage = static_cast<int>(kt % kStages);
-      if (kt >= kStages) bar_wait(empty + stage, static_cast<uint32_t>((kt / kStages + 1) & 1));
-      load_stage<kBM>(smem_a, stage, p.dy, p.ldy, p.N, m0, rows);
-      load_stage<kBN>(smem_b, stage, p.x, p.ldx, p.K, n0, rows);
-      cp_async_arrive(full + stage);  // fires once this thread's copies of the stage have landed
+      if (kt >= kStages) EmptyBarrier::wait(empty + stage, static_cast<uint32_t>((kt / kStages + 1) & 1));
+      int32_t first;
+      if (stage_is_run(rows, lane, first)) {  // the same answer in every producer warp (same plan entries)
+        if (leader) {
+          FullBarrier::arrive_and_expect_tx(full + stage, kStageBytes);
+          tma_stage<kBM>(&tma_dy, full + stage, base, stage, m0, first);
+          tma_stage<kBN>(&tma_x, full + stage, base + kSmemA, stage, n0, first);
+        } else {
+          FullBarrier::arrive(full + stage);
+        }
+      } else {
+        load_stage<kBM>(smem_a, stage, p.dy, p.ldy, p.N, m0, rows);
+        load_stage<kBN>(smem_b, stage, p.x, p.ldx, p.K, n0, rows);
+        cp_async_arrive(full + stage);  // fires once this thread's copies of the stage have landed
+      }
       rows = next;
     }
     cp_async_wait_all();
@@ -230,21 +256,21 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p) {
   // Whole stages: no branch between the wgmma instructions of a batch.
   for (int64_t kt = 0; kt < n_full; ++kt) {
     const int stage = static_cast<int>(kt % kStages);
-    bar_wait(full + stage, static_cast<uint32_t>((kt / kStages) & 1));
-    fence_async_shared();
+    FullBarrier::wait(full + stage, static_cast<uint32_t>((kt / kStages) & 1));
+    cutlass::arch::fence_view_async_shared();  // cp.async stages are written through the generic proxy
     warpgroup_fence_operand(acc);
     warpgroup_arrive();
     cute::gemm(mma, tCrA(_, _, _, stage), tCrB(_, _, _, stage), acc);
     warpgroup_commit_batch();
     warpgroup_wait<1>();  // the batch of stage kt - 1 has retired (the whole warp): its slot may be refilled
     warpgroup_fence_operand(acc);
-    if (kt > 0 && lane == 0) bar_arrive(empty + (kt - 1) % kStages);
+    if (kt > 0 && lane == 0) EmptyBarrier::arrive(empty + (kt - 1) % kStages);
   }
   // The last, partial stage: exactly its (T mod kBK) / 16 steps.
   if (n_full < n_stages) {
     const int stage = static_cast<int>(n_full % kStages);
-    bar_wait(full + stage, static_cast<uint32_t>((n_full / kStages) & 1));
-    fence_async_shared();
+    FullBarrier::wait(full + stage, static_cast<uint32_t>((n_full / kStages) & 1));
+    cutlass::arch::fence_view_async_shared();
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     const int steps = static_cast<int>((p.T - n_full * kBK) / 16);
@@ -270,10 +296,31 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p) {
   }
 }
 
+namespace {
+
+// A bf16 operand [rows, cols] (leading dimension ld, 16-byte aligned) as a TMA map of kBK-row x kBox-column
+// boxes with the 128-byte swizzle; out-of-bounds elements read as zero.
+cudaError_t encode_rows(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t ld) {
+  // Plan entries are int32: rows past 2^31 are never addressed.
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols),
+                              static_cast<cuuint64_t>(std::min<int64_t>(rows, 1LL << 31))};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(Elem)};
+  const cuuint32_t box[2] = {kBox, kBK};
+  const cuuint32_t unit[2] = {1, 1};
+  const CUresult r = encode_tensor_map_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
+                                             strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_ERROR_NOT_SUPPORTED) return cudaErrorNotSupported;
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace
+
 }  // namespace fold90
 
-int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uintptr_t grad, int64_t N, int64_t K,
-                      int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream) {
+int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uintptr_t grad, int64_t rows,
+                      int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream) {
   using namespace fold90;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
   static bool smem_set[64] = {};  // the attribute is per device (context): set once on each
@@ -282,15 +329,28 @@ int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uint
     GS_TRY(cudaFuncSetAttribute(fold_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     smem_set[device] = true;
   }
-  Params p{reinterpret_cast<const int32_t*>(plan), T,
-           reinterpret_cast<const Elem*>(dy), ldy,
-           reinterpret_cast<const Elem*>(x), ldx,
-           reinterpret_cast<float*>(grad), ldg,
-           N, K,
-           static_cast<int>((N + kBM - 1) / kBM), static_cast<int>((K + kBN - 1) / kBN)};
-  const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
-  if (tiles > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
-  fold_kernel<<<static_cast<unsigned>(tiles), kThreads, kSmemBytes, reinterpret_cast<cudaStream_t>(stream)>>>(p);
+  const int64_t tiles_m = (N + kBM - 1) / kBM, tiles_n = (K + kBN - 1) / kBN;
+  if (tiles_m * tiles_n > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
+  Params p{};
+  p.plan = reinterpret_cast<const int32_t*>(plan);
+  p.T = T;
+  p.dy = reinterpret_cast<const Elem*>(dy);
+  p.ldy = ldy;
+  p.x = reinterpret_cast<const Elem*>(x);
+  p.ldx = ldx;
+  p.g = reinterpret_cast<float*>(grad);
+  p.ldg = ldg;
+  p.N = N;
+  p.K = K;
+  p.tiles_m = static_cast<int>(tiles_m);
+  p.tiles_n = static_cast<int>(tiles_n);
+  CUtensorMap tma_dy{}, tma_x{};  // dY as [rows, N], X as [rows, K]
+  if (rows > 0) {  // with no rows every plan entry is -1: no stage is a run, the maps are never read
+    GS_TRY(encode_rows(&tma_dy, p.dy, rows, N, ldy));
+    GS_TRY(encode_rows(&tma_x, p.x, rows, K, ldx));
+  }
+  fold_kernel<<<static_cast<unsigned>(tiles_m * tiles_n), kThreads, kSmemBytes,
+                reinterpret_cast<cudaStream_t>(stream)>>>(p, tma_dy, tma_x);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -18,6 +18,12 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "tensor_map.cuh"
+// CUTLASS encodes a TMA descriptor per operand per launch through cuTensorMapEncodeTiled, by default looking the
+// driver function up on every call (cuda_host_adapter.hpp). The "direct call" mode plus this name routes its
+// encodes to the once-looked-up encoder (tensor_map.cuh); defined before any CUTLASS header is seen.
+#define CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL 1
+#define cuTensorMapEncodeTiled ::gs::encode_tensor_map_tiled
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -88,10 +94,15 @@ int run(const void* a, int64_t lda, const void* b, int64_t ldb, void* d, int64_t
   typename G::Device gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return static_cast<int>(cudaErrorNotSupported);
   if (G::Device::get_workspace_size(args) != 0) return static_cast<int>(cudaErrorNotSupported);  // no split
-  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) {
+  // initialize() also sets the kernel's shared-memory attribute (a driver call): once per device and
+  // configuration; update() builds the same launch parameters without it.
+  static bool attribute_set[64] = {};
+  const bool known = device >= 0 && device < 64 && attribute_set[device];
+  if ((known ? gemm.update(args) : gemm.initialize(args, nullptr, stream)) != cutlass::Status::kSuccess) {
     const cudaError_t e = cudaGetLastError();
     return static_cast<int>(e != cudaSuccess ? e : cudaErrorLaunchFailure);
   }
+  if (device >= 0 && device < 64) attribute_set[device] = true;
   if (gemm.run(stream) != cutlass::Status::kSuccess) {
     const cudaError_t e = cudaGetLastError();
     return static_cast<int>(e != cudaSuccess ? e : cudaErrorLaunchFailure);

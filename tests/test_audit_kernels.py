@@ -170,14 +170,15 @@ def test_hopper_gemm_ptx_uses_wgmma_and_no_atomics(source: str, tmp_path: Path) 
 _LAYOUT_CHECK = r"""
 #include <cstdio>
 #include "cute/tensor.hpp"
-#include "cute/atom/mma_traits_sm90_gmma.hpp"
-#include "cutlass/numeric_types.h"
 #include "fold_sm90_layout.cuh"
 using namespace cute;
 using Elem = cutlass::bfloat16_t;
+// Every element of the tile: CuTe's offset (the layout the wgmma descriptors are built from) against the
+// producer's cp.async chunk formula, and against where a TMA box (64 columns x BK rows, 128-byte swizzle:
+// row t of the box at 128 t, its 16-byte chunk j at chunk j ^ (t % 8)) starting at box_offset writes it.
 template <int ROWS, int BK, int S>
 long mismatches() {
-  using L = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Elem>{}, make_shape(Int<ROWS>{}, Int<BK>{}, Int<S>{})));
+  using L = gs::fold90::FoldSmemLayout<ROWS, BK, S>;
   Elem* base = reinterpret_cast<Elem*>(uintptr_t(1) << 20);  // 1 KiB aligned, never dereferenced
   Tensor s = make_tensor(make_smem_ptr(base), L{});
   long bad = 0;
@@ -186,8 +187,10 @@ long mismatches() {
       for (int c = 0; c < ROWS / 8; ++c)
         for (int e = 0; e < 8; ++e) {
           long cute_off = reinterpret_cast<char*>(&s(c * 8 + e, t, st)) - reinterpret_cast<char*>(base);
-          long ours = long(gs::fold90::swizzled_offset<ROWS, BK>(st, c, t) ^ PLANT) + 2 * e;
-          bad += cute_off != ours;
+          long chunk = long(gs::fold90::swizzled_offset<ROWS, BK>(st, c, t) ^ PLANT) + 2 * e;
+          long box = long(gs::fold90::box_offset<ROWS, BK>(st, c / 8) ^ PLANT) + 128 * t + 16 * ((c % 8) ^ (t % 8)) +
+                     2 * e;
+          bad += (cute_off != chunk) + (cute_off != box);
         }
   return bad;
 }
@@ -202,11 +205,12 @@ int main() {
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_hopper_fold_chunk_addresses_match_the_cute_layout(tmp_path: Path) -> None:
-    """The fold's producer writes each gathered 16-byte chunk where wgmma's CuTe layout expects it.
+    """The fold's producer writes each 16-byte chunk and each TMA box where wgmma's CuTe layout expects it.
 
-    fold_sm90_layout.cuh's formula is compiled on the host beside CuTe's swizzled MN-major layout (the one
-    the wgmma descriptors are built from) and compared on every element of the tile shapes the kernel
-    uses; a planted swizzle slip (chunk index XOR 1, PLANT=16) must be reported, so the comparison can fail.
+    fold_sm90_layout.cuh's chunk formula and box offsets (with TMA's 128-byte swizzle inside a box) are
+    compiled on the host beside the CuTe layout the wgmma descriptors are built from (FoldSmemLayout) and
+    compared on every element of the tile shapes the kernel uses; a planted swizzle slip (chunk index XOR 1,
+    PLANT=16) must be reported, so the comparison can fail.
     """
     include = _cutlass_include()
     if include is None:

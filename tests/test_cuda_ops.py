@@ -48,9 +48,9 @@ def test_glue_on_cpu_stand_in(fake_ext, op: str) -> None:
 def test_a_fold_that_ignores_the_loaded_main_grad_is_red(fake_ext, monkeypatch: pytest.MonkeyPatch) -> None:
     real = fake_ext.gemm_dw_fold
 
-    def no_load(plan, n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream):
+    def no_load(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream):
         cuda_ext._rows(grad, N, K, ldg).zero_()
-        real(plan, n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream)
+        real(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream)
 
     monkeypatch.setattr(fake_ext, "gemm_dw_fold", no_load)
     report = check_kernel("det_gemm", "cuda.det_gemm", layouts=["bn_full"])
@@ -60,9 +60,9 @@ def test_a_fold_that_ignores_the_loaded_main_grad_is_red(fake_ext, monkeypatch: 
 def test_tiles_folded_in_reverse_are_red(fake_ext, monkeypatch: pytest.MonkeyPatch) -> None:
     real = fake_ext.gemm_dw_fold
 
-    def reversed_tiles(plan, n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream):
+    def reversed_tiles(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream):
         p = cuda_ext._t(plan).reshape(-1)[: n_tiles * tile].view(n_tiles, tile).flip(0).contiguous()
-        real(cuda_ext._ptr(p), n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream)
+        real(cuda_ext._ptr(p), n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream)
 
     monkeypatch.setattr(fake_ext, "gemm_dw_fold", reversed_tiles)
     report = check_kernel("det_gemm", "cuda.det_gemm", layouts=["bn_full", "bn_chunked"])
@@ -245,15 +245,24 @@ def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
     assert not bad, bad
 
 
-def _fold_case(gen: torch.Generator, n: int, k: int, rows: int, tiles: int, tile: int, pad_frac: float):
+def _fold_case(gen: torch.Generator, n: int, k: int, rows: int, tiles: int, tile: int, pad_frac: float,
+               runs: bool = False):
     """dY [rows, n], X [rows, k] (rows padded to whole 16-byte chunks) with NaN in the rows no plan slot
-    reads, and a plan [tiles, tile] of permuted rows with -1 (zero) slots."""
+    reads, and a plan [tiles, tile] with -1 (zero) slots: of permuted rows, or with ``runs`` of consecutive
+    rows from an offset (wrapping once), a sixth of the tiles cut short (a sample's last tile)."""
     dy = torch.randn(rows, -(-n // 8) * 8, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, -(-k // 8) * 8, generator=gen).to(torch.bfloat16)
     slots = tiles * tile
-    plan = torch.randperm(rows, generator=gen)[:slots].to(torch.int32)
+    if runs:
+        plan = ((torch.arange(min(slots, rows)) + rows // 3 + 5) % rows).to(torch.int32)
+    else:
+        plan = torch.randperm(rows, generator=gen)[:slots].to(torch.int32)
     if slots > rows:
         plan = torch.cat([plan, torch.full((slots - rows,), -1, dtype=torch.int32)])
+    if runs:
+        cut = torch.randint(0, tile, (tiles,), generator=gen)
+        short = torch.rand(tiles, generator=gen) < 1 / 6
+        plan.view(tiles, tile)[short[:, None] & (torch.arange(tile)[None, :] >= cut[:, None])] = -1
     plan[torch.rand(slots, generator=gen) < pad_frac] = -1
     unread = torch.ones(rows, dtype=torch.bool)
     unread[plan[plan >= 0].long()] = False
@@ -268,7 +277,7 @@ def _fold_tiles(target, path: int, plan: torch.Tensor, dy: torch.Tensor, x: torc
     ext, dev, stream = target
     plan = plan.contiguous()
     ext.gemm_dw_fold(plan.data_ptr(), plan.shape[0], plan.shape[1], dy.data_ptr(), x.data_ptr(), grad.data_ptr(),
-                     n, k, dy.stride(0), x.stride(0), k, dev, stream, path)
+                     x.shape[0], n, k, dy.stride(0), x.stride(0), k, dev, stream, path)
 
 
 @pytest.mark.gpu
@@ -279,8 +288,10 @@ def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
     Both start from the loaded main grad and run one 16-slot step after another over the plan, so the
     dispatch may pick either without moving a bit. Cases: full 128 x 256 tiles, ragged N / K (a partial
     16-byte chunk at the edge of a row, tiles past the edge), a plan whose length is not a multiple of the
-    64-slot stage (its last steps), -1 slots and NaN rows that no slot reads, a main grad with -0.0 entries; and a fold
-    split across two calls (the canonical chunked call) equals the fold in one call. A planted defect in
+    64-slot stage (its last steps), -1 slots and NaN rows that no slot reads, a main grad with -0.0
+    entries, plans of consecutive rows (the stages the Hopper fold loads by TMA, its out-of-bounds columns
+    zero-filled) mixed with short and wrapping stages (gathered by cp.async); and a fold split across two
+    calls (the canonical chunked call) equals the fold in one call. A planted defect in
     the stage pipeline (a stage read before it lands, a slot refilled too early) or in the gather moves
     bits against the mma.sync fold here; the float64 check (the contract's dW rule against its FP32 stock
     fold) guards against both paths being wrong alike.
@@ -291,10 +302,13 @@ def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
         CheckKind.GRADIENT_ACCURACY, "det_gemm", "dW", "bfloat16", "cuda_bf16")
     tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
     bad = []
-    # (N, K, rows, tiles, tile, fraction of -1 slots)
-    for n, k, rows, tiles, tile, pad in ((512, 1024, 4096, 64, 64, 0.0), (1001, 1030, 1500, 45, 32, 0.1),
-                                         (136, 264, 300, 21, 16, 0.3), (4096, 4096, 4096, 256, 16, 0.0)):
-        dy, x, plan = _fold_case(gen, n, k, rows, tiles, tile, pad)
+    # (N, K, rows, tiles, tile, fraction of -1 slots, runs of consecutive rows)
+    for n, k, rows, tiles, tile, pad, runs in (
+            (512, 1024, 4096, 64, 64, 0.0, False), (1001, 1030, 1500, 45, 32, 0.1, False),
+            (136, 264, 300, 21, 16, 0.3, False), (4096, 4096, 4096, 256, 16, 0.0, False),
+            (512, 1024, 4096, 64, 64, 0.0, True), (1001, 1030, 1500, 45, 32, 0.0, True),
+            (200, 72, 130, 3, 64, 0.0, True), (4096, 4096, 4096, 64, 64, 0.0, True)):
+        dy, x, plan = _fold_case(gen, n, k, rows, tiles, tile, pad, runs)
         g0 = torch.randn(n, k, generator=gen)
         g0[torch.rand(n, k, generator=gen) < 0.05] = -0.0
         g0 = g0.cuda()

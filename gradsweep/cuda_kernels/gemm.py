@@ -105,7 +105,7 @@ def dw_fold_raw(plan: torch.Tensor, x: torch.Tensor, dy: torch.Tensor,
     if plan.dtype != torch.int32 or plan.device != x.device or not plan.is_contiguous():
         plan = plan.to(device=x.device, dtype=torch.int32).contiguous()
     dev, stream = rt.launch(x)
-    rt.ext().gemm_dw_fold(rt.ptr(plan), n_tiles, bt, rt.ptr(dy), rt.ptr(x), rt.ptr(main_grad), n, k,
+    rt.ext().gemm_dw_fold(rt.ptr(plan), n_tiles, bt, rt.ptr(dy), rt.ptr(x), rt.ptr(main_grad), x.shape[0], n, k,
                           dy.stride(0), x.stride(0), main_grad.stride(0), dev, stream)
     return main_grad
 

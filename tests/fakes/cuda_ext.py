@@ -159,7 +159,7 @@ def gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, accumulate, device, stream):
     out.copy_((out.double() + prod).float() if accumulate else _bf16(prod))
 
 
-def gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, N, K, ldy, ldx, ldg, device, stream):
+def gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream):
     g = _rows(grad, N, K, ldg)
     ys, xs = _t(dy), _t(x)
     for idx in _tile_rows(plan, n_tiles, tile):  # the fp32 accumulator after each tile is what a call stores
