@@ -56,6 +56,13 @@ def test_nvcc_build_and_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     # setup.sh installs the nvidia-cutlass headers: a build here must carry the Hopper GEMMs
     assert info["sm90_gemm"] is True, "built without the CUTLASS headers (pip install nvidia-cutlass==4.2.0.0)"
     assert "cudaErrorInsufficientDriver" in ext.error_string(35)
+    # The fold launcher refuses bad arguments by name before it touches a device (null pointers never read).
+    fold_args = dict(plan=0, n_tiles=1, tile=64, dy=0, x=0, grad=0, rows=64, N=16, K=16, ldy=16, ldx=16, ldg=16,
+                     device=0, stream=0)
+    for field, bad, says in (("rows", -1, "rows"), ("tile", 40, "multiple of 16"), ("ldx", 8, "leading"),
+                             ("path", 3, "path")):
+        with pytest.raises(ValueError, match=says):
+            ext.gemm_dw_fold(**{**fold_args, field: bad})
 
     monkeypatch.setitem(sys.modules, "gradsweep._C", ext)
     ok, why = runtime.cuda_status()
