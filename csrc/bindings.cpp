@@ -60,6 +60,8 @@ PYBIND11_MODULE(_C, m) {
     d["sm90_gemm"] = gs::sm90_gemm_built();
     return d;
   });
+  // Whether the Hopper kernels run on `device` (a build with them and a CC 9.0 device): callers size scratch by it.
+  m.def("hopper_gemm", [](int device) { return gs::hopper_gemm(device); }, py::arg("device"));
   m.attr("RMS_MAX_HIDDEN") = gs::kRmsMaxHidden;
   m.attr("ROPE_MAX_HEAD_DIM") = gs::kRopeMaxHeadDim;
   m.attr("LLP_VCHUNK") = gs::kLlpVChunk;
@@ -192,13 +194,15 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("lda"),
      py::arg("ldb"), py::arg("ldc"), py::arg("device"), py::arg("stream"), py::arg("path") = gs::kGemmAuto);
   m.def("gemm_nn", [check_gemm](uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
-                                int64_t ldb, int64_t ldc, bool accumulate, int device, uintptr_t stream, int path) {
+                                int64_t ldb, int64_t ldc, int out, int device, uintptr_t stream, int path) {
     check_gemm(M, N, K, "gemm_nn");
     require(lda >= K && ldb >= N && ldc >= N, "gemm_nn: leading dimensions too small");
     require(path >= gs::kGemmAuto && path <= gs::kGemmSm90, "gemm_nn: path must be 0 (auto), 1 or 2");
-    check(gs::gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, accumulate, device, stream, path), "gemm_nn");
+    require(out >= gs::kNnBf16 && out <= gs::kNnF32Add,
+            "gemm_nn: out must be 0 (bf16), 1 (fp32 chain) or 2 (fp32 add)");
+    check(gs::gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, out, device, stream, path), "gemm_nn");
   }, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("lda"),
-     py::arg("ldb"), py::arg("ldc"), py::arg("accumulate"), py::arg("device"), py::arg("stream"),
+     py::arg("ldb"), py::arg("ldc"), py::arg("out"), py::arg("device"), py::arg("stream"),
      py::arg("path") = gs::kGemmAuto);
   m.def("gemm_dw_fold", [check_gemm](uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
                                      uintptr_t grad, int64_t rows, int64_t N, int64_t K, int64_t ldy, int64_t ldx,
@@ -218,25 +222,34 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("llp_forward", [check_gemm](uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t part,
                                     uintptr_t out, uintptr_t lse, int64_t rows, int64_t vocab, int64_t K,
-                                    int64_t ldh, int64_t ldw, int device, uintptr_t stream) {
+                                    int64_t ldh, int64_t ldw, uintptr_t logits, int64_t ldl, int device,
+                                    uintptr_t stream, int path) {
     check_gemm(rows, vocab, K, "llp_forward");
     require(vocab > 0 && ldh >= K && ldw >= K, "llp_forward: vocab must be positive, ldh and ldw >= K");
-    check(gs::llp_forward(hidden, weight, targets, part, out, lse, rows, vocab, K, ldh, ldw, device, stream),
+    require(logits == 0 || (ldl > 0 && ldl % gs::kLlpVChunk == 0),
+            "llp_forward: ldl (the logits scratch's columns) must be a positive multiple of LLP_VCHUNK");
+    require(path >= gs::kGemmAuto && path <= gs::kGemmSm90, "llp_forward: path must be 0 (auto), 1 or 2");
+    check(gs::llp_forward(hidden, weight, targets, part, out, lse, rows, vocab, K, ldh, ldw, logits, ldl, device,
+                          stream, path),
           "llp_forward");
   }, py::arg("hidden"), py::arg("weight"), py::arg("targets"), py::arg("part"), py::arg("out"), py::arg("lse"),
-     py::arg("rows"), py::arg("vocab"), py::arg("K"), py::arg("ldh"), py::arg("ldw"), py::arg("device"),
-     py::arg("stream"));
+     py::arg("rows"), py::arg("vocab"), py::arg("K"), py::arg("ldh"), py::arg("ldw"), py::arg("logits"),
+     py::arg("ldl"), py::arg("device"), py::arg("stream"), py::arg("path") = gs::kGemmAuto);
   m.def("llp_dlogits", [check_gemm](uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t lse,
                                     uintptr_t g, uintptr_t d, int64_t M, int64_t N, int64_t K, int64_t v0,
-                                    int64_t vocab, int64_t ldh, int64_t ldw, int64_t ldd, int device,
-                                    uintptr_t stream) {
+                                    int64_t vocab, int64_t ldh, int64_t ldw, int64_t ldd, uintptr_t logits,
+                                    int64_t ldl, int device, uintptr_t stream, int path) {
     check_gemm(M, N, K, "llp_dlogits");
     require(ldh >= K && ldw >= K && ldd >= N && v0 >= 0, "llp_dlogits: bad leading dimensions or v0");
-    check(gs::llp_dlogits(hidden, weight, targets, lse, g, d, M, N, K, v0, vocab, ldh, ldw, ldd, device, stream),
+    require(logits == 0 || ldl >= N, "llp_dlogits: ldl (the logits scratch's columns) must be >= N");
+    require(path >= gs::kGemmAuto && path <= gs::kGemmSm90, "llp_dlogits: path must be 0 (auto), 1 or 2");
+    check(gs::llp_dlogits(hidden, weight, targets, lse, g, d, M, N, K, v0, vocab, ldh, ldw, ldd, logits, ldl,
+                          device, stream, path),
           "llp_dlogits");
   }, py::arg("hidden"), py::arg("weight"), py::arg("targets"), py::arg("lse"), py::arg("g"), py::arg("d"),
      py::arg("M"), py::arg("N"), py::arg("K"), py::arg("v0"), py::arg("vocab"), py::arg("ldh"), py::arg("ldw"),
-     py::arg("ldd"), py::arg("device"), py::arg("stream"));
+     py::arg("ldd"), py::arg("logits"), py::arg("ldl"), py::arg("device"), py::arg("stream"),
+     py::arg("path") = gs::kGemmAuto);
 
   bind_attention_rl(m);
 }

@@ -3,6 +3,7 @@
 // Every epilogue is element-wise on the fp32 accumulators (a row's outputs depend on that row alone):
 //   EpiBf16    C = round_bf16(acc)                      (forward, dX)
 //   EpiF32Acc  C = acc, acc LOADED from C before the mainloop (canonical dW fold, fp32 accumulation chains)
+//   EpiF32Add  C = C + acc, acc from zero, one rounding (what CUTLASS's beta = 1 epilogue computes: sums of products)
 //   EpiDlogits D = round_bf16(g (onehot(v0 + col == t) - exp(acc - lse)))   (linear_logp backward)
 #pragma once
 
@@ -83,6 +84,31 @@ struct EpiF32Acc {
           const int64_t r = m0 + f.row(i, e);
           const int64_t col = n0 + f.col(j, e);
           if (r < M && col < N) c[r * ldc + col] = acc[i][j][e];
+        }
+  }
+};
+
+struct EpiF32Add {
+  float* c;
+  int64_t ldc;
+
+  template <class C>
+  __device__ __forceinline__ void init(Acc<C>& acc, int64_t m0, int64_t n0, int64_t M, int64_t N) const {
+    EpiBf16{}.init<C>(acc, m0, n0, M, N);
+  }
+
+  template <class C>
+  __device__ __forceinline__ void store(const Acc<C>& acc, int64_t m0, int64_t n0, int64_t M, int64_t N) const {
+    const Frag<C> f;
+#pragma unroll
+    for (int i = 0; i < C::MI; ++i)
+#pragma unroll
+      for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t r = m0 + f.row(i, e);
+          const int64_t col = n0 + f.col(j, e);
+          if (r < M && col < N) c[r * ldc + col] = __fadd_rn(c[r * ldc + col], acc[i][j][e]);
         }
   }
 };

@@ -93,6 +93,8 @@ struct Params {
 };
 
 // Arrives on `bar` (as one of its expected arrivals) once every cp.async this thread issued so far has landed.
+// (CUTLASS's cpasync_barrier_arrive_noinc and cute::cp_async_wait<0> emit the same instructions without a
+// "memory" clobber; these keep the compiler from moving shared-memory accesses across them.)
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(cast_smem_ptr_to_uint(bar))
                : "memory");

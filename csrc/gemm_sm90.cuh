@@ -38,19 +38,24 @@ namespace sm90 {
 using cute::Int;
 using cute::Shape;
 
-// A CUTLASS GEMM D[M, N] = A[M, K] B[K, N] (bf16 in, fp32 accumulate, bf16 out, no source C).
+// A CUTLASS GEMM D[M, N] = A[M, K] B[K, N] (bf16 in, fp32 accumulate, ElementD out (bf16, or fp32: D is the
+// accumulator itself); ElementC void: no source, else D = C + acc where run() is asked to accumulate).
 // LayoutB: cutlass::layout::ColumnMajor for B(k, n) = b[n * ldb + k] (x @ W^T), RowMajor for b[k * ldb + n].
-template <class LayoutB, class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
+template <class LayoutB, class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule,
+          class ElementD = cutlass::bfloat16_t, class ElementC = void>
 struct Gemm {
+  static constexpr bool kHasSource = !cute::is_void_v<ElementC>;
   using Element = cutlass::bfloat16_t;
+  using ElementOut = ElementD;
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutD = cutlass::layout::RowMajor;
-  static constexpr int kAlign = 8;  // elements per 16 bytes
+  static constexpr int kAlign = 8;                                        // bf16 elements per 16 bytes
+  static constexpr int kAlignD = 16 / static_cast<int>(sizeof(ElementD));  // output elements per 16 bytes
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlign, Element, LayoutD,
-      kAlign, EpilogueSchedule>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, LayoutD, kAlignD, ElementD, LayoutD,
+      kAlignD, EpilogueSchedule>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign,
@@ -78,17 +83,21 @@ Stride rank2_stride(int64_t ld) {
 
 // Runs Gemm G on raw pointers; returns a cudaError_t code: cudaErrorNotSupported when CUTLASS refuses the
 // problem, an error for the caller like any other (no fallback: gemm.cu's dispatch checks alignment and sizes
-// before it picks this path).
+// before it picks this path). `accumulate` (a G with a source only): D = D + acc in place (alpha = beta = 1:
+// fma(1, C, 1 * acc), i.e. C + acc rounded once).
 template <class G>
 int run(const void* a, int64_t lda, const void* b, int64_t ldb, void* d, int64_t ldd, int64_t M, int64_t N,
-        int64_t K, int device, cudaStream_t stream) {
+        int64_t K, int device, cudaStream_t stream, bool accumulate = false) {
   using Kernel = typename G::Kernel;
+  if (accumulate && !G::kHasSource) return static_cast<int>(cudaErrorNotSupported);
+  const auto* src = accumulate ? static_cast<const typename G::ElementOut*>(d) : nullptr;
   typename Kernel::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1},
       {static_cast<const typename G::Element*>(a), rank2_stride<typename Kernel::StrideA>(lda),
        static_cast<const typename G::Element*>(b), rank2_stride<typename Kernel::StrideB>(ldb)},
-      {{1.0f, 0.0f}, nullptr, rank2_stride<typename Kernel::StrideC>(ldd), static_cast<typename G::Element*>(d),
+      {{1.0f, accumulate ? 1.0f : 0.0f}, src, rank2_stride<typename Kernel::StrideC>(ldd),
+       static_cast<typename G::ElementOut*>(d),
        rank2_stride<typename Kernel::StrideD>(ldd)},
       cutlass::KernelHardwareInfo{device, cached_device_attribute(cudaDevAttrMultiProcessorCount, device)}};
   typename G::Device gemm;
@@ -122,6 +131,17 @@ template <class LayoutB>
 using GemmLarge = Gemm<LayoutB, Shape<Int<128>, Int<256>, Int<64>>, Shape<Int<1>, Int<1>, Int<1>>,
                        cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                        cutlass::epilogue::TmaWarpSpecializedCooperative>;
+// fp32 out (linear_logp's logits, csrc/llp_sm90.cu): the cooperative 128 x 256 configuration at every M (one
+// instantiation per B layout; the rows that read it are reduced by a separate, row-local kernel).
+template <class LayoutB>
+using GemmLargeF32 = Gemm<LayoutB, Shape<Int<128>, Int<256>, Int<64>>, Shape<Int<1>, Int<1>, Int<1>>,
+                          cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                          cutlass::epilogue::TmaWarpSpecializedCooperative, float>;
+// fp32 C += A B (linear_logp's dhidden, a sum over vocabulary chunks): the same, with an fp32 source.
+template <class LayoutB>
+using GemmLargeF32Add = Gemm<LayoutB, Shape<Int<128>, Int<256>, Int<64>>, Shape<Int<1>, Int<1>, Int<1>>,
+                             cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                             cutlass::epilogue::TmaWarpSpecializedCooperative, float, float>;
 template <class LayoutB>
 using GemmHuge = Gemm<LayoutB, Shape<Int<256>, Int<128>, Int<64>>, Shape<Int<1>, Int<1>, Int<1>>,
                       cutlass::gemm::KernelTmaWarpSpecializedCooperative,

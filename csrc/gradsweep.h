@@ -69,11 +69,20 @@ int logp_bwd(uintptr_t logits, uintptr_t targets, uintptr_t lse, uintptr_t g, ui
 // mma.sync kernels, kGemmSm90 requires the Hopper kernels (cudaErrorNotSupported where they do not apply).
 // The two paths give the same bits (one chain of 16-wide k steps); the choice is speed and test coverage.
 constexpr int kGemmAuto = 0, kGemmPortable = 1, kGemmSm90 = 2;
+// gemm_nn's output: bf16 C = AB; fp32 C = the chain of AB's k steps started FROM C (the fold's rule; mma.sync
+// only); fp32 C = C + AB, AB's chain from zero, one rounding (sums of GEMMs, e.g. linear_logp's dhidden).
+constexpr int kNnBf16 = 0, kNnF32Chain = 1, kNnF32Add = 2;
 bool sm90_gemm_built();
+// Built with the Hopper kernels and a CC 9.0 device (the sm_90a image).
+bool hopper_gemm(int device);
+// Which kernels a GEMM-shaped launch runs: 1 = the Hopper kernels, 0 = mma.sync, < 0 = -(error code) where
+// `path` is kGemmSm90 and they do not apply. `aligned`: every operand and output 16-byte aligned with leading
+// dimensions of whole 16-byte chunks (TMA's rules).
+int gemm_path(int path, bool aligned, int64_t M, int64_t N, int64_t K, int device);
 int gemm_nt(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
             int64_t ldc, int device, uintptr_t stream, int path = kGemmAuto);
 int gemm_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
-            int64_t ldc, bool accumulate, int device, uintptr_t stream, int path = kGemmAuto);
+            int64_t ldc, int out, int device, uintptr_t stream, int path = kGemmAuto);
 // gemm_nt_sm90.cu / gemm_nn_sm90.cu (CUTLASS; absent from a build without the nvidia-cutlass headers)
 int gemm_sm90_nt(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
                  int64_t ldb, int64_t ldc, int device, uintptr_t stream);
@@ -82,15 +91,25 @@ int gemm_sm90_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, in
 int gemm_dw_fold(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t grad,
                  int64_t rows, int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device,
                  uintptr_t stream, int path = kGemmAuto);
+// llp_sm90.cu (CUTLASS, fp32 out: D = the accumulator; linear_logp's logits on Hopper)
+int gemm_sm90_nt_f32(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
+                     int64_t ldb, int64_t ldc, int device, uintptr_t stream);
+// ... and C (fp32) += A B with B N-major (beta = 1: gemm_nn's kNnF32Add)
+int gemm_sm90_nn_f32_add(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
+                         int64_t ldb, int64_t ldc, int device, uintptr_t stream);
 // gemm_fold_sm90.cu (CuTe wgmma; T = n_tiles * tile token slots)
 int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uintptr_t grad, int64_t rows,
                       int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream);
 
-// linear_logp.cu (part: fp32 scratch of 3 * ceil(V / kLlpVChunk) * R floats)
+// linear_logp.cu (part: fp32 scratch of 3 * ceil(V / kLlpVChunk) * R floats). On Hopper the logits go through
+// `logits`, an fp32 scratch of R x ldl (llp_forward: ldl a positive multiple of kLlpVChunk, the vocabulary
+// slab of one GEMM; llp_dlogits: ldl >= N) that the CUTLASS GEMM writes and a row-local kernel reads; 0 = no
+// scratch (the mma.sync kernels, which reduce in registers). path as for the GEMMs; the bits are the same.
 int llp_forward(uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t part, uintptr_t out, uintptr_t lse,
-                int64_t R, int64_t V, int64_t K, int64_t ldh, int64_t ldw, int device, uintptr_t stream);
+                int64_t R, int64_t V, int64_t K, int64_t ldh, int64_t ldw, uintptr_t logits, int64_t ldl, int device,
+                uintptr_t stream, int path = kGemmAuto);
 int llp_dlogits(uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t lse, uintptr_t g, uintptr_t d,
                 int64_t M, int64_t N, int64_t K, int64_t v0, int64_t V, int64_t ldh, int64_t ldw, int64_t ldd,
-                int device, uintptr_t stream);
+                uintptr_t logits, int64_t ldl, int device, uintptr_t stream, int path = kGemmAuto);
 
 }  // namespace gs

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from gradsweep import uploads
 from gradsweep.canonical import RowIdentity
 
 LOG2E = 1.4426950408889634
@@ -25,10 +26,7 @@ PLAN_SLOTS = 64  # plans kept per family (an LRU keyed by row content)
 
 def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
     """int32 table to the device without stalling behind queued GPU work (done once per plan)."""
-    host = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
+    return uploads.upload(np.ascontiguousarray(a, dtype=np.int32), device)
 
 
 # ------------------------------------------------------------------------------------------------ steps

@@ -35,6 +35,8 @@ from functools import cached_property, lru_cache
 import numpy as np
 import torch
 
+from gradsweep.uploads import upload
+
 
 @dataclass(frozen=True)
 class Runs:
@@ -155,6 +157,9 @@ class RowIdentity:
     def packed(lengths: Sequence[int], sample_ids: Sequence[int] | None = None,
                starts: Sequence[int] | None = None) -> RowIdentity:
         """Rows of samples packed one after another (``starts`` gives each piece's first position)."""
+        small = _packed_runs_small(lengths, sample_ids, starts)
+        if small is not None:
+            return small
         n = _int64(lengths)
         ids = np.arange(len(n), dtype=np.int64) if sample_ids is None else _int64(sample_ids)
         firsts = np.zeros(len(n), dtype=np.int64) if starts is None else _int64(starts)
@@ -168,6 +173,48 @@ class RowIdentity:
         n_rows = int(ends[-1]) if len(n) else 0
         runs.__dict__["total"] = n_rows  # the cached_property's slot: no pad rows in a packed call
         return _RunRows(n_rows, runs)
+
+
+_SMALL_PIECES = 256  # up to this many pieces, ``packed`` merges its runs in Python (numpy's per-call cost dominates)
+
+
+def _packed_runs_small(lengths, sample_ids, starts) -> RowIdentity | None:
+    """``packed`` for a few pieces given as lists or tuples: the runs of ``_maximal`` built in one Python pass
+    (a trainer calls it once per call per step; the numpy path costs ~20 small array operations). None where the
+    general path must run (other input types, many pieces, a negative length)."""
+    if not isinstance(lengths, (list, tuple)) or len(lengths) > _SMALL_PIECES:
+        return None
+    count = len(lengths)
+    ids = range(count) if sample_ids is None else sample_ids
+    firsts = (0,) * count if starts is None else starts
+    if not isinstance(ids, (range, list, tuple)) or not isinstance(firsts, (list, tuple)):
+        return None
+    if len(ids) != count or len(firsts) != count:
+        raise ValueError("RowIdentity.packed: lengths, sample_ids and starts must have equal lengths")
+    out_s: list[int] = []
+    out_p: list[int] = []
+    out_r: list[int] = []
+    out_n: list[int] = []
+    row = 0
+    for length, sid, first in zip(lengths, ids, firsts):
+        length, sid, first = int(length), int(sid), int(first)
+        if length < 0:
+            return None
+        if length == 0:
+            continue
+        if sid < 0:
+            raise ValueError("RowIdentity.from_runs: runs must hold sample ids >= 0 and lie inside the rows")
+        if out_s and out_s[-1] == sid and out_p[-1] + out_n[-1] == first and out_r[-1] + out_n[-1] == row:
+            out_n[-1] += length  # continues the previous run: same sample, next position, next row
+        else:
+            out_s.append(sid)
+            out_p.append(first)
+            out_r.append(row)
+            out_n.append(length)
+        row += length
+    runs = Runs(*(np.array(a, dtype=np.int64) for a in (out_s, out_p, out_r, out_n)))
+    runs.__dict__["total"] = row  # the cached_property's slot: no pad rows in a packed call
+    return _RunRows(row, runs)
 
 
 class _RunRows(RowIdentity):
@@ -443,7 +490,7 @@ class CanonicalFold:
             for st, t in zip(stage, tensors):
                 st[d:d + n].copy_(t[r:r + n])
             return
-        index = _upload(_piece_rows(piece_row, dst0, piece_len), tensors[0].device)  # one upload for both
+        index = upload(_piece_rows(piece_row, dst0, piece_len), tensors[0].device)  # one upload for both
         src, dst = index[0], index[1]  # source rows, staging rows
         for st, t in zip(stage, tensors):
             st.index_copy_(0, dst, t.index_select(0, src))
@@ -534,7 +581,7 @@ class CanonicalFold:
         else:
             self.cursor = c1
         stage = self._stage if (self._stage is not None and stage_rows) else tensors
-        step = TileStep(_upload(desc, device), desc, stage, stage_rows, c0, tile, in_place)
+        step = TileStep(upload(desc, device), desc, stage, stage_rows, c0, tile, in_place)
         if in_place == runs.total:  # nothing staged or carried: the same call from the same state replays this
             self._remember(key, (step.desc, desc, in_place))
         return step
@@ -573,7 +620,7 @@ class CanonicalFold:
         if n_stage:
             assert self._stage is not None
             source = tuple(torch.cat([st[:n_stage], t]) for st, t in zip(self._stage, tensors))
-        step = FoldStep(_upload(plan.astype(np.int32), device), source, c0)
+        step = FoldStep(upload(plan.astype(np.int32), device), source, c0)
         if ready.all() and not n_stage:  # nothing staged, carried or read from staging: replayable
             self._remember(key, step.plan)
         return step
@@ -600,14 +647,6 @@ def _piece_rows(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray) -> np.nd
     shift = np.cumsum(length) - length  # piece i's rows are numbered shift[i] .. in the flat row order
     offsets = np.concatenate((src0 - shift, dst0 - shift)).reshape(2, -1)
     return np.repeat(offsets, length, axis=1) + np.arange(total, dtype=np.int64)
-
-
-def _upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device`` without stalling the host behind queued GPU work (pinned, non-blocking)."""
-    host = torch.from_numpy(np.ascontiguousarray(a))
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def fold_reference(step: FoldStep, contribution: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:

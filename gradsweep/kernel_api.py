@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.uploads import upload
 
 
 # ------------------------------------------------------------------------------------------------ argument checks
@@ -101,7 +102,7 @@ def sample_table(lengths: list[int], starts: list[int] | None, device: torch.dev
     for n in lengths[:-1]:
         firsts.append(firsts[-1] + n)
     starts = [0] * len(lengths) if starts is None else starts
-    return torch.tensor(lengths + firsts + starts, dtype=torch.int64).to(device)
+    return upload(torch.tensor(lengths + firsts + starts, dtype=torch.int64), device)
 
 
 def logp_outputs(n_rows: int, vocab: int, device: torch.device, op: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -50,17 +50,17 @@ class _Digest:
 @contextmanager
 def _uploads_to(d: _Digest) -> Iterator[None]:
     """Hash every host array the fold uploads (descriptors, index tables, staging copy indices) too."""
-    real = canonical._upload
+    real = canonical.upload
 
     def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
         d.add("upload", np.asarray(a))
         return real(a, device)
 
-    canonical._upload = upload
+    canonical.upload = upload
     try:
         yield
     finally:
-        canonical._upload = real
+        canonical.upload = real
 
 
 def _lengths(rng: np.random.Generator) -> list[int]:

@@ -208,7 +208,8 @@ def _hopper_ext_or_skip(what: str):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
 def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
-    """The CUTLASS (wgmma) kernels and the mma.sync kernels give the same bits, for every M configuration.
+    """The CUTLASS (wgmma) kernels and the mma.sync kernels give the same bits, for every M configuration
+    (bf16 out, and fp32 C += AB, the Hopper epilogue's C + acc rounded once).
 
     Both run one chain of 16-wide k steps per output element (csrc/gemm_sm90.cuh), so the dispatch by
     device, alignment and M may pick either without moving a bit; a planted difference in either chain
@@ -225,17 +226,22 @@ def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
     for k, n in ((4096, 4096), (1000, 1032)):
         x, w = randn(8192, k), randn(n, k, scale=k ** -0.5)
         dy = randn(8192, n)
+        c0 = torch.randn(8192, k, generator=gen).cuda()
+        c0[::5] = -0.0
         outs = {}
         for path in (1, 2):
             y = torch.empty(8192, n, dtype=torch.bfloat16, device="cuda")
             dx = torch.empty(8192, k, dtype=torch.bfloat16, device="cuda")
             for m in (1, 16, 256, 257, 2304, 8192):
                 ext.gemm_nt(x.data_ptr(), w.data_ptr(), y.data_ptr(), m, n, k, k, k, n, dev, stream, path)
-                ext.gemm_nn(dy.data_ptr(), w.data_ptr(), dx.data_ptr(), m, k, n, n, k, k, False, dev, stream,
-                            path)
-                outs[(path, m)] = (y[:m].clone(), dx[:m].clone())
+                ext.gemm_nn(dy.data_ptr(), w.data_ptr(), dx.data_ptr(), m, k, n, n, k, k, 0, dev, stream, path)
+                acc = c0.clone()  # out 2: C + AB rounded once (CUTLASS's beta = 1 epilogue, mma.sync's EpiF32Add)
+                ext.gemm_nn(dy.data_ptr(), w.data_ptr(), acc.data_ptr(), m, k, n, n, k, k, 2, dev, stream, path)
+                outs[(path, m)] = (y[:m].clone(), dx[:m].clone(), acc[:m].clone())
+                if not bitwise_compare(acc[m:], c0[m:]).equal:
+                    bad.append(f"C += AB path {path} K={k} N={n} M={m}: rows past M were written")
         for m in (1, 16, 256, 257, 2304, 8192):
-            for name, i in (("fwd", 0), ("dX", 1)):
+            for name, i in (("fwd", 0), ("dX", 1), ("C += AB", 2)):
                 diff = bitwise_compare(outs[(1, m)][i], outs[(2, m)][i])
                 if not diff.equal:
                     bad.append(f"{name} K={k} N={n} M={m}: {diff.mismatched} elements differ between paths")
@@ -335,4 +341,94 @@ def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
         if not error <= bound:
             bad.append(f"N={n} K={k}: error {error:.3g} against float64 above the contract's {bound:.3g}")
     torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert not bad, bad
+
+
+def _llp_case(gen: torch.Generator, rows: int, vocab: int, k: int):
+    """hidden [rows, k], weight [vocab, k] (logits of a few units), targets with -1, out-of-range and last-column
+    entries, g with a zero."""
+    h = (torch.randn(rows, k, generator=gen)).to(torch.bfloat16)
+    w = (torch.randn(vocab, k, generator=gen) * 2 * k ** -0.5).to(torch.bfloat16)
+    t = torch.randint(0, vocab, (rows,), generator=gen)
+    t[::7] = -1
+    t[3::11] = vocab + 5
+    t[5::13] = vocab - 1
+    g = torch.randn(rows, generator=gen)
+    g[::9] = 0.0
+    return h.cuda(), w.cuda(), t.cuda(), g.cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+def test_gpu_hopper_linear_logp_equals_the_portable_kernel() -> None:
+    """linear_logp's Hopper path (CUTLASS fp32 logits into a scratch, then the row-local reduction or the
+    dlogits formula) and the mma.sync kernels (which reduce in registers) give the same bits.
+
+    The scratch holds the very accumulators of the mma.sync mainloop and the reduction runs the same blocks,
+    lane order and butterfly, so the dispatch may pick either; the slab width (the scratch's columns, set by
+    R) must not move a bit either: slabs of one chunk, two chunks and the whole vocabulary agree, and the rows
+    of a large R equal the same rows alone. A planted difference (another lane order, a slab boundary that
+    restarts a chunk, logits rounded before the reduction) fails here. Where TMA cannot store the scratch's
+    rows (a vocabulary or chunk width not a multiple of 4 floats) path 2 is refused by name and the automatic
+    choice runs the mma.sync kernel.
+    """
+    ext, dev, stream = _hopper_ext_or_skip("linear_logp's Hopper path")
+    gen = torch.Generator().manual_seed(13)
+    chunk = int(ext.LLP_VCHUNK)
+    bad = []
+    for rows, vocab, k in ((2304, 40000, 1024), (300, 5000, 4096), (1, 2052, 256)):
+        h, w, t, g = _llp_case(gen, rows, vocab, k)
+        n_chunks = -(-vocab // chunk)
+        results = {}
+        for label, path, cols in (("mma.sync", 1, 0), ("one chunk", 2, chunk), ("two chunks", 2, 2 * chunk),
+                                  ("whole", 2, n_chunks * chunk)):
+            for m in (rows, 1):
+                out = torch.empty(m, device="cuda")
+                lse = torch.empty(m, device="cuda")
+                part = torch.empty(3 * n_chunks * m, device="cuda")
+                scratch = torch.empty(m * cols, device="cuda") if cols else None
+                ext.llp_forward(h.data_ptr(), w.data_ptr(), t.data_ptr(), part.data_ptr(), out.data_ptr(),
+                                lse.data_ptr(), m, vocab, k, k, k, scratch.data_ptr() if cols else 0, cols, dev,
+                                stream, path)
+                results[(label, m)] = (out, lse)
+        for key, (out, lse) in results.items():
+            ref_out, ref_lse = results[("mma.sync", key[1])]
+            for name, a, b in (("logp", out, ref_out), ("lse", lse, ref_lse)):
+                if not bitwise_compare(a, b).equal:
+                    bad.append(f"forward {key} R={rows} V={vocab} K={k}: {name} differs from the mma.sync kernel")
+            if key[1] == 1 and not bitwise_compare(out, results[(key[0], rows)][0][:1]).equal:
+                bad.append(f"forward {key[0]} V={vocab}: row 0 alone differs from row 0 of R={rows}")
+        # dlogits of a vocabulary chunk (ragged width, offset v0) against the lse of the forward
+        lse = results[("mma.sync", rows)][1]
+        for v0, n in ((0, 4096), (vocab - 1004, 1004)):
+            w_c = w[v0:v0 + n]
+            outs = {}
+            for path in (1, 2):
+                d = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda")
+                cols = -(-n // 8) * 8
+                scratch = torch.empty(rows * cols, device="cuda")
+                ext.llp_dlogits(h.data_ptr(), w_c.data_ptr(), t.data_ptr(), lse.data_ptr(), g.data_ptr(),
+                                d.data_ptr(), rows, n, k, v0, vocab, k, k, n,
+                                scratch.data_ptr() if path == 2 else 0, cols, dev, stream, path)
+                outs[path] = d
+            diff = bitwise_compare(outs[1], outs[2])
+            if not diff.equal:
+                bad.append(f"dlogits R={rows} V={vocab} v0={v0} N={n}: {diff.mismatched} elements differ")
+    # a vocabulary TMA cannot store by rows: path 2 refused, the automatic path is the mma.sync kernel
+    h, w, t, g = _llp_case(gen, 64, 2049, 256)
+    n_chunks = -(-2049 // chunk)
+    got = {}
+    for path in (0, 1, 2):
+        out, lse = torch.empty(64, device="cuda"), torch.empty(64, device="cuda")
+        part, scratch = torch.empty(3 * n_chunks * 64, device="cuda"), torch.empty(64 * 2 * chunk, device="cuda")
+        args = (h.data_ptr(), w.data_ptr(), t.data_ptr(), part.data_ptr(), out.data_ptr(), lse.data_ptr(), 64, 2049,
+                256, 256, 256, scratch.data_ptr(), 2 * chunk, dev, stream, path)
+        if path == 2:
+            with pytest.raises(RuntimeError, match="llp_forward"):
+                ext.llp_forward(*args)
+            continue
+        ext.llp_forward(*args)
+        got[path] = out
+    if not bitwise_compare(got[0], got[1]).equal:
+        bad.append("V=2049: the automatic path differs from the mma.sync kernel")
     assert not bad, bad

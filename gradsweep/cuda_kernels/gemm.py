@@ -21,6 +21,7 @@ from gradsweep.canonical import CanonicalFold, FoldStep, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
 from gradsweep.kernel_api import check_linear, require_fold
 
+OUT_BF16, OUT_F32_CHAIN, OUT_F32_ADD = 0, 1, 2  # gemm_nn's ``out`` (csrc/gradsweep.h: kNnBf16, ...)
 TILE = 64  # canonical token tile of the dW fold (a multiple of 16: every call's mma steps stay on the same slots)
 
 
@@ -47,7 +48,7 @@ def matmul_invariant(a: torch.Tensor, b_t: torch.Tensor,
     ext = rt.ext()
     if b_t.stride(1) != 1 and b_t.stride(0) == 1 and n > 1:
         b = b_t.t()  # [K, N] with unit column stride: the N-major kernel reads it in place (dX = dY @ W)
-        ext.gemm_nn(rt.ptr(a), rt.ptr(b), rt.ptr(out), m, n, k, a.stride(0), b.stride(0), out.stride(0), False,
+        ext.gemm_nn(rt.ptr(a), rt.ptr(b), rt.ptr(out), m, n, k, a.stride(0), b.stride(0), out.stride(0), OUT_BF16,
                     dev, stream)
         return out
     b_t = _rows_contiguous(b_t)
@@ -56,24 +57,34 @@ def matmul_invariant(a: torch.Tensor, b_t: torch.Tensor,
     return out
 
 
-def matmul_accumulate(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-    """acc[M,N] (fp32) += a[M,K] @ b[K,N], the accumulator loaded into the GEMM (chains keep one order)."""
+def _matmul_into(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor, out: int, what: str) -> torch.Tensor:
     if acc.dtype != torch.float32 or acc.shape != (a.shape[0], b.shape[1]) or a.shape[1] != b.shape[0]:
-        raise ValueError("matmul_accumulate: acc must be fp32 [M, N] for a [M, K] and b [K, N]")
-    rt.check_tensor("matmul_accumulate a", a)
-    rt.check_tensor("matmul_accumulate b", b)
-    rt.check_tensor("matmul_accumulate acc", acc, torch.float32)
+        raise ValueError(f"{what}: acc must be fp32 [M, N] for a [M, K] and b [K, N]")
+    rt.check_tensor(f"{what} a", a)
+    rt.check_tensor(f"{what} b", b)
+    rt.check_tensor(f"{what} acc", acc, torch.float32)
     if acc.stride(1) != 1:
-        raise ValueError("matmul_accumulate: acc must have contiguous rows (it is updated in place)")
+        raise ValueError(f"{what}: acc must have contiguous rows (it is updated in place)")
     a, b = _rows_contiguous(a), _rows_contiguous(b)
     m, k = a.shape
     n = b.shape[1]
     if m == 0 or n == 0:
         return acc
     dev, stream = rt.launch(a)
-    rt.ext().gemm_nn(rt.ptr(a), rt.ptr(b), rt.ptr(acc), m, n, k, a.stride(0), b.stride(0), acc.stride(0), True,
+    rt.ext().gemm_nn(rt.ptr(a), rt.ptr(b), rt.ptr(acc), m, n, k, a.stride(0), b.stride(0), acc.stride(0), out,
                      dev, stream)
     return acc
+
+
+def matmul_accumulate(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    """acc[M,N] (fp32) += a[M,K] @ b[K,N], the accumulator loaded into the GEMM (chains keep one order)."""
+    return _matmul_into(a, b, acc, OUT_F32_CHAIN, "matmul_accumulate")
+
+
+def matmul_add(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    """acc[M,N] (fp32) += round_fp32(a[M,K] @ b[K,N]): the product's chain from zero, added with one rounding
+    (what the Hopper GEMM's epilogue computes, so it runs there; a sum of such calls is a sum of products)."""
+    return _matmul_into(a, b, acc, OUT_F32_ADD, "matmul_add")
 
 
 def dw_fold(step: FoldStep, main_grad: torch.Tensor, x_index: int = 0, dy_index: int = 1) -> torch.Tensor:

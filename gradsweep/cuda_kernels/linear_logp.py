@@ -5,11 +5,16 @@ logits blocks [128, 128] with the tensor-core mainloop and folds each into a per
 fixed order; a second kernel combines the chunks in chunk order. The launch configuration is a constant
 (nothing about R enters it), so a row's bits never depend on the batch.
 
+On Hopper (``_C.hopper_gemm``) the logits of a vocabulary slab go through an fp32 scratch instead of registers:
+the CUTLASS GEMM writes the accumulators, a row-local kernel runs the same reduction on them (same bits as the
+mma.sync kernel; ``SCRATCH_BYTES`` bounds the scratch, and its width follows R, never the bits).
+
 Backward: the vocabulary is walked in chunks of ``BWD_VCHUNK`` columns. Per chunk, a GEMM with an
 element-wise epilogue recomputes dlogits = g (onehot - exp(logit - lse)) in bf16 [S, chunk] (peak extra
-memory O(R x chunk)); dhidden accumulates chunk after chunk in an fp32 buffer that each GEMM loads (one
-sequential order over V); the chunk's dW rows are folded into ``fold.main_grad`` by the canonical fold
-kernel. Rows the fold carries from an earlier call are recomputed from their saved (hidden, target, lse, g).
+memory O(R x chunk)); dhidden is the fp32 sum, chunk after chunk, of each chunk's product dlogits @ W_chunk
+(rounded once, ``matmul_add``: the chunk width is part of the arithmetic, hence one constant); the chunk's dW
+rows are folded into ``fold.main_grad`` by the canonical fold kernel. Rows the fold carries from an earlier
+call are recomputed from their saved (hidden, target, lse, g).
 
 Targets outside [0, V) give logp 0 and zero gradients. Same public API as the Triton twin.
 """
@@ -20,12 +25,31 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
-from gradsweep.cuda_kernels.gemm import TILE, dw_fold_raw, matmul_accumulate
+from gradsweep.cuda_kernels.gemm import TILE, dw_fold_raw, matmul_add
 from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold
 
 __all__ = ["TILE", "linear_logp"]
-# Backward vocabulary chunk: extra memory O(R x BWD_VCHUNK); the bits do not follow it (a multiple of 16).
-BWD_VCHUNK = 8192
+# Backward vocabulary chunk: extra memory O(R x BWD_VCHUNK); dhidden sums one product per chunk, so the width is
+# part of the bits: a constant (never a function of R or of the device).
+BWD_VCHUNK = 4096
+# Bound of the Hopper path's fp32 logits scratch (the forward's slab is the widest whole number of
+# LLP_VCHUNK-column chunks within it, at least one).
+SCRATCH_BYTES = 256 << 20
+
+
+def _hopper(t: torch.Tensor) -> bool:
+    return bool(rt.ext().hopper_gemm(rt.launch(t)[0]))
+
+
+def forward_scratch(rows: int, vocab: int, like: torch.Tensor) -> tuple[torch.Tensor | None, int]:
+    """(fp32 logits scratch, its columns) of the Hopper forward; (None, 0) where the mma.sync kernel runs (not a
+    Hopper device, or a vocabulary whose slabs TMA cannot store by rows: the launcher decides, this only spares
+    the allocation)."""
+    if vocab % 4 or not _hopper(like):
+        return None, 0
+    chunk = int(rt.ext().LLP_VCHUNK)
+    cols = max(1, min(-(-vocab // chunk), SCRATCH_BYTES // (4 * chunk * max(rows, 1)))) * chunk
+    return torch.empty(rows * cols, dtype=torch.float32, device=like.device), cols
 
 
 def fused_forward(hidden: torch.Tensor, weight: torch.Tensor,
@@ -39,9 +63,10 @@ def fused_forward(hidden: torch.Tensor, weight: torch.Tensor,
     ext = rt.ext()
     n_chunks = -(-v // int(ext.LLP_VCHUNK))
     part = torch.empty(3 * n_chunks * r, dtype=torch.float32, device=hidden.device)
+    logits, cols = forward_scratch(r, v, hidden)
     dev, stream = rt.launch(hidden)
     ext.llp_forward(rt.ptr(hidden), rt.ptr(weight), rt.ptr(targets), rt.ptr(part), rt.ptr(out), rt.ptr(lse), r, v,
-                    k, hidden.stride(0), weight.stride(0), dev, stream)
+                    k, hidden.stride(0), weight.stride(0), rt.ptr(logits), cols, dev, stream)
     return out, lse
 
 
@@ -53,9 +78,13 @@ def dlogits_chunk(hidden: torch.Tensor, w_chunk: torch.Tensor, targets: torch.Te
     d = torch.empty(m, n, dtype=hidden.dtype, device=hidden.device)
     if m == 0 or n == 0:
         return d
+    cols = -(-n // 8) * 8
+    hopper = n % 4 == 0 and _hopper(hidden)
+    logits = torch.empty(m * cols, dtype=torch.float32, device=hidden.device) if hopper else None
     dev, stream = rt.launch(hidden)
     rt.ext().llp_dlogits(rt.ptr(hidden), rt.ptr(w_chunk), rt.ptr(targets), rt.ptr(lse), rt.ptr(g), rt.ptr(d), m, n,
-                         k, v0, vocab, hidden.stride(0), w_chunk.stride(0), d.stride(0), dev, stream)
+                         k, v0, vocab, hidden.stride(0), w_chunk.stride(0), d.stride(0), rt.ptr(logits), cols, dev,
+                         stream)
     return d
 
 
@@ -90,7 +119,7 @@ class LinearLogpFn(torch.autograd.Function):
                 w_c = weight[v0:v0 + BWD_VCHUNK]
                 d = dlogits_chunk(src[0], w_c, src[1], src[2], src[3], v0, v)
                 if dh_acc is not None:
-                    matmul_accumulate(d[n_pend:], w_c, dh_acc)
+                    matmul_add(d[n_pend:], w_c, dh_acc)
                 if plan is not None:
                     dw_fold_raw(plan, src[0], d, ctx.fold.main_grad[v0:v0 + w_c.shape[0]])
         dh = dh_acc.to(hidden.dtype) if dh_acc is not None else None

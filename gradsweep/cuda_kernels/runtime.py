@@ -79,10 +79,23 @@ def check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype = torch.bfloat16
         raise ValueError(f"{name}: expected {dtype}, got {t.dtype}")
 
 
+def _raw_stream_getter():
+    """torch's raw current-stream lookup (what Triton's launcher calls): ~1 us, where building the
+    ``torch.cuda.Stream`` object of ``current_stream()`` costs ~15 us on every launch; the public call where a
+    torch build lacks it."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+_RAW_STREAM = _raw_stream_getter()
+
+
 def launch(t: torch.Tensor) -> tuple[int, int]:
     """(device index, raw stream handle) for a launch on t's device and torch's current stream there."""
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    return index, int(torch.cuda.current_stream(index).cuda_stream)
+    return index, int(_RAW_STREAM(index))
 
 
 def ptr(t: torch.Tensor | None) -> int:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.uploads import upload
 
 Mode = Literal["auto", "ordinary", "layerwise"]
 
@@ -136,7 +137,7 @@ class ChainContext:
             raise RuntimeError(f"ChainContext: {self._seen_tokens} tokens forwarded for a step of {self.total}; "
                                "a token was forwarded twice or the lengths are wrong")
         self.rows = rows
-        self.positions = rows.position.to(self.device)
+        self.positions = upload(rows.position, self.device)
         if self.mode == "layerwise":
             self.calls.append(CallRecord(rows))
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.families import STOCK_FAMILY, Family, impl_id, kernel_families, kernel_module
 from gradsweep.layouts import LAYOUT_NAMES, Call
+from gradsweep.uploads import upload
 
 Shape = dict[str, Any]
 ROW_LAYOUTS: tuple[str, ...] = LAYOUT_NAMES
@@ -189,4 +190,4 @@ def kernel_candidates(op: str, module: str, run: Callable[[ModuleType, CallConte
 
 def positions_on(ctx: CallContext, device: torch.device) -> torch.Tensor:
     """Absolute positions of the call's rows, from logical identity (never the physical row index)."""
-    return ctx.rows.position.to(device)
+    return upload(ctx.rows.position, device)

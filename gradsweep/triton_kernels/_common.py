@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.uploads import upload
 
 # Read once, before any kernel below is decorated: TRITON_INTERPRET must be set before import.
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
@@ -199,12 +200,6 @@ def rest_desc(n_rows: int, covered: tuple[np.ndarray, np.ndarray], tile: int) ->
     out[:, 0] = first
     out[:, 1] = np.minimum(np.repeat(hi, pieces) - first, tile)
     return out
-
-
-def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A small host array on ``device`` (pinned, non-blocking: the host never waits for the GPU)."""
-    host = torch.from_numpy(np.ascontiguousarray(a))
-    return host if device.type != "cuda" else host.pin_memory().to(device, non_blocking=True)
 
 
 @triton.jit

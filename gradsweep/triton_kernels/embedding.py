@@ -84,6 +84,7 @@ def _embed_bwd_kernel(cand_ptr, sorted_ids_ptr, src_ptr, seg_start_ptr, seg_end_
     tl.store(acc_ptr + vid * H + cols, acc, mask=hmask)
 
 
+_FWD = FastLaunch(_embed_fwd_kernel)
 _TOKENS = FastLaunch(_tokens_kernel)
 _BWD = FastLaunch(_embed_bwd_kernel)
 
@@ -96,8 +97,8 @@ def embedding_forward(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return y
     rows = max(1, 4096 // min(pow2(hidden), BLOCK_H))
     grid = (triton.cdiv(n_rows, rows), triton.cdiv(hidden, BLOCK_H))
-    _embed_fwd_kernel[grid](ids.contiguous(), weight.contiguous(), y, n_rows, hidden, ROWS=rows,
-                            BLOCK=min(pow2(hidden), BLOCK_H), num_warps=4)
+    _FWD(grid, [ids.contiguous(), weight.contiguous(), y, n_rows, hidden],
+         {"ROWS": rows, "BLOCK": min(pow2(hidden), BLOCK_H)}, num_warps=4)
     return y
 
 

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.kernel_api import check_selected_logp, logp_outputs, selected_logp_function
-from gradsweep.triton_kernels._common import INTERPRET, loop_bound, to_out
+from gradsweep.triton_kernels._common import INTERPRET, FastLaunch, loop_bound, to_out
 
 # Pinned forward configuration (a row's summation order follows BLOCK_V and the warps; never R).
 # ROWS rows per program share one 2-D block whose layout repeats row after row; the interpreter
@@ -67,6 +67,10 @@ def _logp_bwd_kernel(L, T, LSE, G, D, R, V, s_l, s_d, ROWS: tl.constexpr, BLOCK:
     tl.store(D + r[:, None] * s_d + cols[None, :], to_out(d, D.dtype.element_ty), mask=live)
 
 
+_FWD = FastLaunch(_logp_fwd_kernel)
+_BWD = FastLaunch(_logp_bwd_kernel)
+
+
 def logp_forward(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp fp32 [R], lse fp32 [R]); logits [R, V] with unit column stride."""
     r, v = logits.shape
@@ -74,8 +78,8 @@ def logp_forward(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Ten
     if r == 0:
         return out, lse
     grid = (triton.cdiv(r, FWD_ROWS),)
-    _logp_fwd_kernel[grid](logits, targets, out, lse, r, loop_bound(v), logits.stride(0),
-                           ROWS=FWD_ROWS, BLOCK=BLOCK_V, num_warps=FWD_WARPS, num_stages=2)
+    _FWD(grid, [logits, targets, out, lse, r, loop_bound(v), logits.stride(0)],
+         {"ROWS": FWD_ROWS, "BLOCK": BLOCK_V}, num_warps=FWD_WARPS, num_stages=2)
     return out, lse
 
 
@@ -87,8 +91,8 @@ def logp_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor
     if r == 0 or v == 0:
         return d
     grid = (triton.cdiv(r, BWD_ROWS), triton.cdiv(v, BWD_BLOCK_V))
-    _logp_bwd_kernel[grid](logits, targets, lse, g.float().contiguous(), d, r, v, logits.stride(0),
-                           d.stride(0), ROWS=BWD_ROWS, BLOCK=BWD_BLOCK_V, num_warps=4)
+    _BWD(grid, [logits, targets, lse, g.float().contiguous(), d, r, v, logits.stride(0), d.stride(0)],
+         {"ROWS": BWD_ROWS, "BLOCK": BWD_BLOCK_V}, num_warps=4)
     return d
 
 

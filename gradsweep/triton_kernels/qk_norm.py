@@ -85,6 +85,7 @@ def _qk_bwd_kernel(desc_ptr, x_ptr, dy_ptr, xs_ptr, dys_ptr, w_ptr, dx_ptr, part
         tl.store(part_ptr + t * D + d, tl.sum(tl.sum(acc, axis=1), axis=0), mask=d < D)
 
 
+_FWD = FastLaunch(_qk_fwd_kernel)
 _BWD = FastLaunch(_qk_bwd_kernel)
 
 
@@ -96,8 +97,8 @@ def qk_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     if y.numel() == 0:
         return y
     tok, bh, bd, warps = _config(heads, head_dim)
-    _qk_fwd_kernel[(triton.cdiv(n_rows, tok),)](x, weight.contiguous(), y, n_rows, heads, head_dim, float(eps),
-                                                TOK=tok, BH=bh, BD=bd, num_warps=warps)
+    _FWD((triton.cdiv(n_rows, tok),), [x, weight.contiguous(), y, n_rows, heads, head_dim, float(eps)],
+         {"TOK": tok, "BH": bh, "BD": bd}, num_warps=warps)
     return y
 
 

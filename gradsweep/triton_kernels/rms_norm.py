@@ -86,6 +86,7 @@ def _rms_bwd_kernel(desc_ptr, x_ptr, dy_ptr, xs_ptr, dys_ptr, w_ptr, dx_ptr, par
         tl.store(part_ptr + t * H + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
+_FWD = FastLaunch(_rms_fwd_kernel)
 _BWD = FastLaunch(_rms_bwd_kernel)
 
 
@@ -97,8 +98,8 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
     if n_rows == 0 or hidden == 0:
         return y
     block, rows, warps = row_config(hidden, TILE)
-    _rms_fwd_kernel[(triton.cdiv(n_rows, rows),)](x, weight.contiguous(), y, n_rows, hidden, float(eps),
-                                                  BLOCK=block, ROWS=rows, num_warps=warps)
+    _FWD((triton.cdiv(n_rows, rows),), [x, weight.contiguous(), y, n_rows, hidden, float(eps)],
+         {"BLOCK": block, "ROWS": rows}, num_warps=warps)
     return y
 
 

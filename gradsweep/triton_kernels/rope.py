@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.kernel_api import rope_function
-from gradsweep.triton_kernels._common import pow2, to_out, warps_for
+from gradsweep.triton_kernels._common import FastLaunch, pow2, to_out, warps_for
 
 STAGES = 3  # software-pipelining depth of the loop over heads (speed only, not bits)
 
@@ -52,6 +52,9 @@ def _rope_kernel(x_ptr, pos_ptr, y_ptr, n_rows, HALF, neg_log2_theta_over_half,
         tl.store(y_ptr + off + HALF, to_out((x2 * c + x1 * s), y_ptr.dtype.element_ty), mask=m)
 
 
+_ROPE = FastLaunch(_rope_kernel)
+
+
 def rope_apply(x: torch.Tensor, positions: torch.Tensor, theta: float, inverse: bool = False) -> torch.Tensor:
     """Launcher (no autograd): rotate x [R, heads, head_dim] (inverse=True: the transpose rotation)."""
     n_rows, heads, head_dim = x.shape
@@ -68,8 +71,8 @@ def rope_apply(x: torch.Tensor, positions: torch.Tensor, theta: float, inverse: 
     half = head_dim // 2
     tok, bf, warps = _config(half)
     coef = -math.log2(float(theta)) / half
-    _rope_kernel[(triton.cdiv(n_rows, tok),)](x, positions.contiguous(), y, n_rows, half, coef, NH=heads,
-                                              TOK=tok, BF=bf, INVERSE=inverse, STAGES=STAGES, num_warps=warps)
+    _ROPE((triton.cdiv(n_rows, tok),), [x, positions.contiguous(), y, n_rows, half, coef],
+          {"NH": heads, "TOK": tok, "BF": bf, "INVERSE": inverse, "STAGES": STAGES}, num_warps=warps)
     return y
 
 

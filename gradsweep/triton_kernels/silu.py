@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsweep.triton_kernels._common import to_out
+from gradsweep.triton_kernels._common import FastLaunch, to_out
 
 BLOCK = 2048
 WARPS = 8
@@ -32,12 +32,16 @@ def _silu_bwd_kernel(x_ptr, dy_ptr, dx_ptr, n, BLOCK: tl.constexpr):
     tl.store(dx_ptr + off, to_out(dx, dx_ptr.dtype.element_ty), mask=m)
 
 
+_FWD = FastLaunch(_silu_fwd_kernel)
+_BWD = FastLaunch(_silu_bwd_kernel)
+
+
 def silu_forward(x: torch.Tensor) -> torch.Tensor:
     """Launcher (no autograd)."""
     x = x.contiguous()
     y = torch.empty_like(x)
     if x.numel():
-        _silu_fwd_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK, num_warps=WARPS)
+        _FWD((triton.cdiv(x.numel(), BLOCK),), [x, y, x.numel()], {"BLOCK": BLOCK}, num_warps=WARPS)
     return y
 
 
@@ -46,8 +50,7 @@ def silu_backward(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     dy = dy.contiguous()
     dx = torch.empty_like(x)
     if x.numel():
-        _silu_bwd_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, dy, dx, x.numel(), BLOCK=BLOCK,
-                                                           num_warps=WARPS)
+        _BWD((triton.cdiv(x.numel(), BLOCK),), [x, dy, dx, x.numel()], {"BLOCK": BLOCK}, num_warps=WARPS)
     return dx
 
 

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsweep.triton_kernels._common import to_out
+from gradsweep.triton_kernels._common import FastLaunch, to_out
 
 BLOCK = 2048
 WARPS = 8
@@ -40,6 +40,10 @@ def _swiglu_bwd_kernel(g_ptr, u_ptr, dy_ptr, dg_ptr, du_ptr, n, BLOCK: tl.conste
     tl.store(du_ptr + off, to_out(du, du_ptr.dtype.element_ty), mask=m)
 
 
+_FWD = FastLaunch(_swiglu_fwd_kernel)
+_BWD = FastLaunch(_swiglu_bwd_kernel)
+
+
 def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Launcher (no autograd)."""
     if gate.shape != up.shape:
@@ -47,8 +51,7 @@ def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     gate, up = gate.contiguous(), up.contiguous()
     y = torch.empty_like(gate)
     if gate.numel():
-        _swiglu_fwd_kernel[(triton.cdiv(gate.numel(), BLOCK),)](gate, up, y, gate.numel(), BLOCK=BLOCK,
-                                                                num_warps=WARPS)
+        _FWD((triton.cdiv(gate.numel(), BLOCK),), [gate, up, y, gate.numel()], {"BLOCK": BLOCK}, num_warps=WARPS)
     return y
 
 
@@ -58,8 +61,8 @@ def swiglu_backward(gate: torch.Tensor, up: torch.Tensor,
     dy = dy.contiguous()
     dg, du = torch.empty_like(gate), torch.empty_like(up)
     if gate.numel():
-        _swiglu_bwd_kernel[(triton.cdiv(gate.numel(), BLOCK),)](gate, up, dy, dg, du, gate.numel(),
-                                                                BLOCK=BLOCK, num_warps=WARPS)
+        _BWD((triton.cdiv(gate.numel(), BLOCK),), [gate, up, dy, dg, du, gate.numel()], {"BLOCK": BLOCK},
+             num_warps=WARPS)
     return dg, du
 
 

@@ -153,10 +153,16 @@ def gemm_nt(a, b, c, M, N, K, lda, ldb, ldc, device, stream):
     _rows(c, M, N, ldc).copy_(_bf16(_mm64(_rows(a, M, K, lda), _rows(b, N, K, ldb))))
 
 
-def gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, accumulate, device, stream):
+def gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, out, device, stream):
+    """out 0: bf16 C = AB; 1: fp32 chain from C; 2: fp32 C + round_fp32(AB) (one rounding of the product)."""
     prod = _mm64(_rows(a, M, K, lda), _rows(b, K, N, ldb).t())
-    out = _rows(c, M, N, ldc)
-    out.copy_((out.double() + prod).float() if accumulate else _bf16(prod))
+    c_rows = _rows(c, M, N, ldc)
+    if out == 1:
+        c_rows.copy_((c_rows.double() + prod).float())
+    elif out == 2:
+        c_rows.copy_(c_rows + prod.float())
+    else:
+        c_rows.copy_(_bf16(prod))
 
 
 def gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream):
@@ -171,8 +177,29 @@ def gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, de
 LLP_VCHUNK = 2048
 
 
-def llp_forward(hidden, weight, targets, part, out, lse, rows, vocab, K, ldh, ldw, device, stream):
+def hopper_gemm(device):
+    """The stand-in plays a Hopper device: linear_logp's glue then sizes and passes its logits scratch."""
+    return True
+
+
+def _scratch(logits, rows, cols, ldl, what):
+    """The logits scratch the launcher was given, checked as the Hopper kernels would use it (rows x ldl fp32)."""
+    if logits == 0:
+        return None
+    s = _t(logits)
+    if s.dtype != torch.float32 or ldl < cols or s.numel() < rows * ldl:
+        raise RuntimeError(f"{what}: logits scratch too small or not fp32 ({s.numel()} < {rows} x {ldl})")
+    return _rows(logits, rows, cols, ldl)
+
+
+def llp_forward(hidden, weight, targets, part, out, lse, rows, vocab, K, ldh, ldw, logits, ldl, device, stream,
+                path=0):
+    if logits and ldl % LLP_VCHUNK:
+        raise RuntimeError("llp_forward: ldl must be a multiple of LLP_VCHUNK")
     z = _mm64(_rows(hidden, rows, K, ldh), _rows(weight, vocab, K, ldw)).float()
+    if logits:  # the slab the Hopper path's last GEMM writes
+        v0 = (vocab - 1) // ldl * ldl
+        _scratch(logits, rows, vocab - v0, ldl, "llp_forward").copy_(z[:, v0:])
     t = _t(targets)[:rows]
     ls = torch.logsumexp(z.double(), 1)
     hit = (t >= 0) & (t < vocab)
@@ -181,8 +208,11 @@ def llp_forward(hidden, weight, targets, part, out, lse, rows, vocab, K, ldh, ld
     _t(lse)[:rows] = ls.float()
 
 
-def llp_dlogits(hidden, weight, targets, lse, g, d, M, N, K, v0, vocab, ldh, ldw, ldd, device, stream):
+def llp_dlogits(hidden, weight, targets, lse, g, d, M, N, K, v0, vocab, ldh, ldw, ldd, logits, ldl, device, stream,
+                path=0):
     z = _mm64(_rows(hidden, M, K, ldh), _rows(weight, N, K, ldw)).float()
+    if logits:
+        _scratch(logits, M, N, ldl, "llp_dlogits").copy_(z)
     _rows(d, M, N, ldd).copy_(_dlogits(z, _t(targets)[:M], _t(lse)[:M], _t(g)[:M], v0, vocab))
 
 
