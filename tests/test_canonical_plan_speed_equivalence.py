@@ -294,3 +294,35 @@ def test_replayed_transitions_give_the_computed_plans(kind, monkeypatch):
 if __name__ == "__main__":  # print the digests (to record them after a deliberate change of the plans)
     for name, fn in DIGESTS.items():
         print(f'    "{name}": "{fn()}",')
+
+
+def test_packed_fast_path_equals_the_array_path() -> None:
+    """``RowIdentity.packed`` merges a few pieces given as lists in one Python pass; given as arrays (or too many
+    pieces) it takes the numpy path. Both must give the same runs, rows and errors for any pieces: empty and
+    continuing pieces, repeated samples, a negative length (the general checks), a negative sample id."""
+    rng = np.random.default_rng(23)
+    for _ in range(300):
+        k = int(rng.integers(0, 12))
+        lengths = rng.integers(0, 6, size=k)
+        if k and rng.random() < 0.5:
+            lengths[rng.integers(0, k)] = 0
+        ids = rng.integers(0, 3, size=k)
+        starts = rng.integers(0, 8, size=k)
+        if k and rng.random() < 0.3:  # a piece that continues the previous one (merged into one run)
+            i = int(rng.integers(1, k)) if k > 1 else 0
+            if i:
+                ids[i], starts[i] = ids[i - 1], starts[i - 1] + lengths[i - 1]
+        if k and rng.random() < 0.05:
+            lengths[rng.integers(0, k)] = -1
+        if k and rng.random() < 0.05:
+            ids[rng.integers(0, k)] = -2
+        outcomes = []
+        for args in ((lengths.tolist(), ids.tolist(), starts.tolist()), (lengths, ids, starts)):
+            try:
+                rows = RowIdentity.packed(*args)
+                r = rows.runs
+                outcomes.append(("ok", rows.num_rows, rows.sample.tolist(), rows.position.tolist(),
+                                 r.sample.tolist(), r.pos0.tolist(), r.row0.tolist(), r.length.tolist(), r.total))
+            except ValueError as exc:
+                outcomes.append(("error", str(exc)))
+        assert outcomes[0] == outcomes[1], (lengths, ids, starts, outcomes)
