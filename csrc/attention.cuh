@@ -34,14 +34,6 @@ constexpr int kMaxHeadDim = 128;
 
 __device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x & 31u); }
 
-// 2^x on the special-function unit (ex2.approx.ftz: 2^-22 relative; -inf -> +0). One instruction, the same
-// bits in every kernel that evaluates it on the same input.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // -0 -> +0, every other value (NaN included) unchanged: a masked key adds 0 * v, whose sign depends on
 // whether the key's slot was written yet, so a stored exact zero must not carry that sign.
 __device__ __forceinline__ float plus_zero(float x) { return __float_as_uint(x) == 0x80000000u ? 0.0f : x; }

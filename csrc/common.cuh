@@ -60,6 +60,14 @@ inline int cached_device_attribute(cudaDeviceAttr attr, int device) {
   return cached[a][device];
 }
 
+// 2^x on the special-function unit (ex2.approx.ftz: 2^-22 relative; -inf -> +0). One instruction, the same
+// bits in every kernel that evaluates it on the same input.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 8 bf16 values held as raw bits (4 registers), converted to fp32 on use.
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);

@@ -53,38 +53,38 @@ struct EpiBf16 {
   }
 };
 
+// fn(acc element, its fp32 output) for every accumulator element whose (row, column) lies inside the M x N output
+// (the element-wise fp32 epilogues share this one walk of the fragment).
+template <class C, class Fn>
+__device__ __forceinline__ void for_each_in_bounds(float* c, int64_t ldc, int64_t m0, int64_t n0, int64_t M,
+                                                   int64_t N, Fn&& fn) {
+  const Frag<C> f;
+#pragma unroll
+  for (int i = 0; i < C::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t r = m0 + f.row(i, e);
+        const int64_t col = n0 + f.col(j, e);
+        if (r < M && col < N) fn(i, j, e, c[r * ldc + col]);
+      }
+}
+
 struct EpiF32Acc {
   float* c;
   int64_t ldc;
 
   template <class C>
   __device__ __forceinline__ void init(Acc<C>& acc, int64_t m0, int64_t n0, int64_t M, int64_t N) const {
-    const Frag<C> f;
-#pragma unroll
-    for (int i = 0; i < C::MI; ++i)
-#pragma unroll
-      for (int j = 0; j < C::NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t r = m0 + f.row(i, e);
-          const int64_t col = n0 + f.col(j, e);
-          acc[i][j][e] = (r < M && col < N) ? c[r * ldc + col] : 0.0f;  // the main grad, loaded first
-        }
+    EpiBf16{}.init<C>(acc, m0, n0, M, N);  // zero where the output ends
+    for_each_in_bounds<C>(c, ldc, m0, n0, M, N,
+                          [&](int i, int j, int e, float& out) { acc[i][j][e] = out; });  // the main grad, first
   }
 
   template <class C>
   __device__ __forceinline__ void store(const Acc<C>& acc, int64_t m0, int64_t n0, int64_t M, int64_t N) const {
-    const Frag<C> f;
-#pragma unroll
-    for (int i = 0; i < C::MI; ++i)
-#pragma unroll
-      for (int j = 0; j < C::NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t r = m0 + f.row(i, e);
-          const int64_t col = n0 + f.col(j, e);
-          if (r < M && col < N) c[r * ldc + col] = acc[i][j][e];
-        }
+    for_each_in_bounds<C>(c, ldc, m0, n0, M, N, [&](int i, int j, int e, float& out) { out = acc[i][j][e]; });
   }
 };
 
@@ -99,17 +99,8 @@ struct EpiF32Add {
 
   template <class C>
   __device__ __forceinline__ void store(const Acc<C>& acc, int64_t m0, int64_t n0, int64_t M, int64_t N) const {
-    const Frag<C> f;
-#pragma unroll
-    for (int i = 0; i < C::MI; ++i)
-#pragma unroll
-      for (int j = 0; j < C::NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t r = m0 + f.row(i, e);
-          const int64_t col = n0 + f.col(j, e);
-          if (r < M && col < N) c[r * ldc + col] = __fadd_rn(c[r * ldc + col], acc[i][j][e]);
-        }
+    for_each_in_bounds<C>(c, ldc, m0, n0, M, N,
+                          [&](int i, int j, int e, float& out) { out = __fadd_rn(out, acc[i][j][e]); });
   }
 };
 

@@ -4,8 +4,8 @@
 // 8-element chunks t, t + kLogpThreads, ... of the row (16-byte loads when the row is 16-byte aligned,
 // element loads otherwise: the same chunks and the same arithmetic either way, so a row whose alignment
 // differs between two layouts gets the same bits). Per thread an online log-sum-exp over its chunks in
-// order (rescale once per chunk), then an xor butterfly of (max, sum) pairs inside each warp and over the
-// warps. The pair combine is symmetric in its operands, so every lane of a butterfly gets the same bits.
+// order (rescale once per chunk; exponentials on the special-function unit, see add_chunk), then an xor
+// butterfly of (max, sum) pairs inside each warp and over the warps. The pair combine is symmetric in its operands, so every lane of a butterfly gets the same bits.
 // Backward: dlogits[r, v] = g[r] (onehot(v == t_r) - exp(logits[r, v] - lse[r])), element-wise.
 // Targets outside [0, V) (e.g. -100 on pad rows) give logp 0 and a zero gradient.
 #include "common.cuh"
@@ -39,6 +39,32 @@ __device__ __forceinline__ Lse warp_combine(Lse v) {
   return v;
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Adds chunk f's n elements (n <= 8) to the running (max, sum): rescale once when the chunk raises the max, then
+// one exp per element, exp(x - m) = 2^(x log2 e - m log2 e) on the special-function unit (an FFMA and an ex2:
+// the accurate expf is ~10 instructions, which made this loop compute-bound at ~54% of copy bandwidth).
+// An element at -inf adds 2^-inf = +0; a NaN propagates through the sum; +inf makes the sum NaN (inf - inf),
+// as the accurate form did.
+template <bool FULL>
+__device__ __forceinline__ void add_chunk(const float (&f)[8], int n, Lse& acc) {
+  float cm = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (FULL || e < n) cm = fmaxf(cm, f[e]);
+  }
+  if (cm > acc.m) {
+    acc.s = __fmul_rn(acc.s, ex2(__fmul_rn(__fsub_rn(acc.m, cm), kLog2e)));  // acc.m = -inf: 0 * 0
+    acc.m = cm;
+  }
+  // max still -inf: every element so far is -inf (adds 2^-inf = 0) or NaN (kept), so no -inf - -inf is formed
+  const float neg_m = acc.m == -INFINITY ? 0.0f : -__fmul_rn(acc.m, kLog2e);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (FULL || e < n) acc.s = __fadd_rn(acc.s, ex2(__fmaf_rn(f[e], kLog2e, neg_m)));
+  }
+}
+
 template <bool ALIGNED>
 __device__ __forceinline__ void row_lse(const bf16* __restrict__ row, int64_t V, Lse& acc) {
   const int64_t nvec = (V + 7) / 8;
@@ -55,20 +81,11 @@ __device__ __forceinline__ void row_lse(const bf16* __restrict__ row, int64_t V,
       if (v >= nvec) break;
       float f[8];
       unpack8(u[k], f);
-      const int n = V - 8 * v < 8 ? static_cast<int>(V - 8 * v) : 8;  // elements of this chunk inside the row
-      float cm = -INFINITY;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (e < n) cm = fmaxf(cm, f[e]);
-      }
-      if (cm > acc.m) {
-        acc.s = __fmul_rn(acc.s, expf(__fsub_rn(acc.m, cm)));  // acc.m = -inf: 0 * 0
-        acc.m = cm;
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        // an element at -inf adds exactly 0 (exp(-inf - -inf) would be NaN); a NaN still propagates
-        if (e < n && f[e] != -INFINITY) acc.s = __fadd_rn(acc.s, expf(__fsub_rn(f[e], acc.m)));
+      const int64_t left = V - 8 * v;  // elements of this chunk inside the row
+      if (left >= 8) {
+        add_chunk<true>(f, 8, acc);
+      } else {
+        add_chunk<false>(f, static_cast<int>(left), acc);
       }
     }
   }

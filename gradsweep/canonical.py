@@ -300,60 +300,114 @@ class TileStep:
         return self.in_place_rows == n_rows
 
 
-@dataclass(frozen=True)
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False  # shared by every fold of a layout (and every replayed transition)
+    return a
+
+
 class _Layout:
     """What the canonical tile sequence of a step is, given its sample lengths and tile (read-only arrays).
 
     slot of (sample s, position p) = (tile_base[s] + p // tile) * tile + p % tile = ``slot_base[s] + p``;
     ``[lo, hi)`` are the absent slots of every sample's last tile, received from the start so that "tile t
     complete" is "[t*tile, (t+1)*tile) received"; ``expected[t]`` the real rows of tile t, which are slots
-    ``tile_first[t] .. tile_end[t]-1``; ``rows_before[t]`` the real rows of the tiles before t.
+    ``tile_first[t] .. tile_end[t]-1``; ``rows_before[t]`` the real rows of the tiles before t; tile t is tile
+    ``t - tile_base[owner[t]]`` of sample ``owner[t]``. Per-tile arrays a call does not need are built on first
+    use (a step's first fold pays the layout: issue 13's cold plan).
     """
 
-    total_tiles: int
-    slot_base: np.ndarray
-    slot_end: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    expected: np.ndarray
-    tile_first: np.ndarray
-    tile_end: np.ndarray
-    rows_before: np.ndarray
+    def __init__(self, lengths: np.ndarray, tile: int) -> None:
+        if len(lengths) and int(lengths.min()) < 0:
+            raise ValueError("CanonicalFold: sample lengths must be >= 0")
+        self.lengths, self.tile = _frozen(lengths), tile
+        tiles_per_sample = (lengths + (tile - 1)) // tile
+        ends = np.cumsum(tiles_per_sample)
+        self.tiles_per_sample = tiles_per_sample
+        self.total_tiles = int(ends[-1]) if len(ends) else 0
+        self.slot_base = _frozen((ends - tiles_per_sample) * tile)
+        self.slot_end = _frozen(self.slot_base + lengths)
+        gap = self.slot_end < ends * tile
+        self.lo, self.hi = _frozen(self.slot_end[gap]), _frozen(ends[gap] * tile)
+        self.nonempty = int(np.count_nonzero(tiles_per_sample))
+
+    @cached_property
+    def owner(self) -> np.ndarray:
+        return _frozen(np.repeat(np.arange(len(self.lengths), dtype=np.int64), self.tiles_per_sample))
+
+    @cached_property
+    def tile_first(self) -> np.ndarray:
+        return _frozen(np.arange(self.total_tiles, dtype=np.int64) * self.tile)
+
+    @cached_property
+    def expected(self) -> np.ndarray:
+        return _frozen(np.minimum(self.tile, self.slot_end[self.owner] - self.tile_first))
+
+    @cached_property
+    def tile_end(self) -> np.ndarray:
+        return _frozen(self.tile_first + self.expected)
+
+    @cached_property
+    def rows_before(self) -> np.ndarray:
+        return _frozen(np.concatenate(([0], np.cumsum(self.expected))))
+
+    def whole_step(self, runs: Runs) -> np.ndarray | None:
+        """Closed form of the commonest step, one call holding every sample whole (a packed batch, in any sample
+        order, any row order): row0 of every tile, all read in place; None for any other call. Equal to what
+        registering the runs and describing the tiles gives (tests/test_fold_plans.py)."""
+        s = runs.sample
+        if len(s) != self.nonempty or not self.total_tiles or runs.pos0.any() or int(s.max()) >= len(self.lengths):
+            return None
+        if not (self.lengths[s] == runs.length).all():
+            return None
+        row_of = np.full(len(self.lengths), -1, dtype=np.int64)
+        row_of[s] = runs.row0
+        if not (row_of[s] == runs.row0).all():  # a sample twice (then another is missing): the general path's error
+            return None
+        return row_of[self.owner] + (self.tile_first - self.slot_base[self.owner])
 
 
 @lru_cache(maxsize=64)
 def _layout(lengths_bytes: bytes, tile: int) -> _Layout:
     """The layout of one (lengths, tile): the same for every fold of a step's parameters, so built once."""
-    lengths = np.frombuffer(lengths_bytes, dtype=np.int64)
-    if (lengths < 0).any():
-        raise ValueError("CanonicalFold: sample lengths must be >= 0")
-    tiles_per_sample = (lengths + tile - 1) // tile
-    tile_base = np.concatenate([[0], np.cumsum(tiles_per_sample)]).astype(np.int64)
-    total_tiles = int(tile_base[-1])
-    slot_base = tile_base[:-1] * tile
-    slot_end = slot_base + lengths
-    tiles_end = tile_base[1:] * tile
-    gap = slot_end < tiles_end
-    owner = np.repeat(np.arange(len(lengths)), tiles_per_sample)
-    in_sample = np.arange(total_tiles) - tile_base[owner]
-    expected = np.minimum(tile, lengths[owner] - in_sample * tile)
-    tile_first = np.arange(total_tiles, dtype=np.int64) * tile
-    rows_before = np.concatenate([[0], np.cumsum(expected)]).astype(np.int64)
-    arrays = (slot_base, slot_end, slot_end[gap], tiles_end[gap], expected, tile_first, tile_first + expected,
-              rows_before)
-    for a in arrays:
-        a.flags.writeable = False  # shared by every fold of this layout
-    return _Layout(total_tiles, *arrays)
+    return _Layout(np.frombuffer(lengths_bytes, dtype=np.int64), tile)
 
 
 _TRANSITIONS: OrderedDict = OrderedDict()
 TRANSITION_SLOTS = 512
 
 
+_POSITIONS: OrderedDict = OrderedDict()
+POSITION_SLOTS = 32
+
+
+def _cache_positions(device: torch.device) -> bool:
+    """Only device copies are cached (on the CPU the upload is the host tensor itself)."""
+    return device.type == "cuda"
+
+
+def device_positions(rows: RowIdentity, device: torch.device) -> torch.Tensor:
+    """``rows.position`` on ``device`` (int64). On a GPU, rows given by runs (``packed`` / ``from_runs``, whose
+    positions are a function of the runs) are cached by content: a step meets the same rows in every layer's
+    RoPE (and a trainer's next step often too), and building O(rows) positions plus a pinned upload is then paid
+    once. The returned tensor may be shared: read it, never write it."""
+    if not _cache_positions(device) or not isinstance(rows, _RunRows):
+        return upload(rows.position, device)
+    key = (rows.num_rows, rows.runs.key, str(device))
+    hit = _POSITIONS.get(key)
+    if hit is not None:
+        _POSITIONS.move_to_end(key)
+        return hit
+    out = _POSITIONS[key] = upload(rows.position, device)
+    while len(_POSITIONS) > POSITION_SLOTS:
+        _POSITIONS.popitem(last=False)
+    return out
+
+
 def clear_plan_caches() -> None:
-    """Forget every cached layout and transition (benchmarks of the cold plan; tests)."""
+    """Forget every cached layout, transition and position table (benchmarks of the cold plan; tests)."""
     _layout.cache_clear()
     _TRANSITIONS.clear()
+    _POSITIONS.clear()
 
 
 class CanonicalFold:
@@ -377,7 +431,7 @@ class CanonicalFold:
         layout = _layout(*self._layout_key)
         self.total_tiles = layout.total_tiles
         self._layout = layout
-        self._slot_base, self._slot_end, self._expected = layout.slot_base, layout.slot_end, layout.expected
+        self._slot_base, self._slot_end = layout.slot_base, layout.slot_end
         self._lo, self._hi = layout.lo, layout.hi
         self.cursor = 0
         # Staging: block b holds rows [b*tile, (b+1)*tile) of every staging tensor, in slot order.
@@ -393,7 +447,7 @@ class CanonicalFold:
 
     def expected_rows(self, first_tile: int, num_tiles: int) -> np.ndarray:
         """Real rows of canonical tiles ``first_tile ..`` (``tile`` except a sample's shorter last tile)."""
-        return self._expected[first_tile:first_tile + num_tiles]
+        return self._layout.expected[first_tile:first_tile + num_tiles]
 
     # ------------------------------------------------------------------------------------------ registration
     def _register(self, runs: Runs) -> tuple[np.ndarray, np.ndarray]:
@@ -485,15 +539,7 @@ class CanonicalFold:
         self._block_of_tile[fresh] = self._free[:len(fresh)]  # lowest blocks first
         del self._free[:len(fresh)]
         dst0 = self._block_of_tile[piece_tile] * self.tile + piece_lo % self.tile
-        if len(piece_tile) == 1:  # one slice: no index upload
-            d, r, n = int(dst0[0]), int(piece_row[0]), int(piece_len[0])
-            for st, t in zip(stage, tensors):
-                st[d:d + n].copy_(t[r:r + n])
-            return
-        index = upload(_piece_rows(piece_row, dst0, piece_len), tensors[0].device)  # one upload for both
-        src, dst = index[0], index[1]  # source rows, staging rows
-        for st, t in zip(stage, tensors):
-            st.index_copy_(0, dst, t.index_select(0, src))
+        _stage_rows(stage, tensors, piece_row, dst0, piece_len)
 
     # ------------------------------------------------------------------------------------------------- takes
     def _check_tensors(self, rows: RowIdentity, tensors: tuple[torch.Tensor, ...]) -> None:
@@ -532,7 +578,7 @@ class CanonicalFold:
         all of it (then nothing of it can have come from another call: that would be a duplicate)."""
         layout = self._layout
         desc = np.empty((c1 - c0, 2), dtype=np.int32)
-        desc[:, 1] = self._expected[c0:c1]
+        desc[:, 1] = layout.expected[c0:c1]
         if not len(slot0):
             return desc, np.zeros(c1 - c0, dtype=bool), 0
         first, end = layout.tile_first[c0:c1], layout.tile_end[c0:c1]
@@ -542,7 +588,7 @@ class CanonicalFold:
         desc[:, 0] = (row0 - slot0).take(k, mode="clip") + first
         if direct.all():
             return desc, direct, int(layout.rows_before[c1] - layout.rows_before[c0])
-        return desc, direct, int(self._expected[c0:c1][direct].sum())
+        return desc, direct, int(layout.expected[c0:c1][direct].sum())
 
     def take_tiles(self, rows: RowIdentity, tensors: Sequence[torch.Tensor]) -> TileStep:
         """Register one call's rows (and the row tensors a fold reads); describe the tiles to fold now."""
@@ -555,6 +601,10 @@ class CanonicalFold:
         hit = self._replay(key)
         if hit is not None:
             return TileStep(hit[0], hit[1], tensors, 0, c0, tile, hit[2])
+        if c0 == 0 and self._lo is self._layout.lo:  # nothing received yet: maybe the whole step in one call
+            whole = self._layout.whole_step(runs)
+            if whole is not None:
+                return self._take_whole_step(whole, runs, tensors, key, device)
         slot0, slot1 = self._register(runs)
         row0 = runs.row0
         c1 = self._advance()
@@ -584,6 +634,19 @@ class CanonicalFold:
         step = TileStep(upload(desc, device), desc, stage, stage_rows, c0, tile, in_place)
         if in_place == runs.total:  # nothing staged or carried: the same call from the same state replays this
             self._remember(key, (step.desc, desc, in_place))
+        return step
+
+    def _take_whole_step(self, row0: np.ndarray, runs: Runs, tensors: tuple[torch.Tensor, ...], key: tuple | None,
+                         device: torch.device) -> TileStep:
+        """Every tile ready and read in place (``_Layout.whole_step``): every slot is received at once."""
+        layout = self._layout
+        desc = np.empty((layout.total_tiles, 2), dtype=np.int32)
+        desc[:, 0] = row0
+        desc[:, 1] = layout.expected
+        self._lo, self._hi = np.zeros(1, dtype=np.int64), np.full(1, layout.total_tiles * self.tile, dtype=np.int64)
+        self.cursor = layout.total_tiles
+        step = TileStep(upload(desc, device), desc, tensors, 0, 0, self.tile, runs.total)
+        self._remember(key, (step.desc, desc, runs.total))
         return step
 
     def take(self, rows: RowIdentity, tensors: Sequence[torch.Tensor]) -> FoldStep:
@@ -639,6 +702,24 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
     if len(a) > 1 and (a[1:] >= a[:-1]).all():
         return a[np.concatenate(([True], a[1:] != a[:-1]))]
     return np.unique(a)
+
+
+def _stage_rows(stage: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...], src0: np.ndarray,
+                dst0: np.ndarray, length: np.ndarray) -> None:
+    """stage[dst0[i] + j] = tensor[src0[i] + j] for j < length[i], for every staging tensor and its row tensor.
+
+    One slice copy for one piece, else one uploaded [2, rows] index for every tensor. (Measured on the H200 host:
+    slice copies of a chunked call's ~25 stretches through ``torch._foreach_copy_`` cost 2x the index path, the
+    slicing itself being ~2 us per view.)"""
+    if len(length) == 1:  # one slice: no index upload
+        d, r, n = int(dst0[0]), int(src0[0]), int(length[0])
+        for st, t in zip(stage, tensors):
+            st[d:d + n].copy_(t[r:r + n])
+        return
+    index = upload(_piece_rows(src0, dst0, length), tensors[0].device)  # one upload for every tensor
+    src, dst = index[0], index[1]  # source rows, staging rows
+    for st, t in zip(stage, tensors):
+        st.index_copy_(0, dst, t.index_select(0, src))
 
 
 def _piece_rows(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray) -> np.ndarray:

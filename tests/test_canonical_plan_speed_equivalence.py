@@ -326,3 +326,69 @@ def test_packed_fast_path_equals_the_array_path() -> None:
             except ValueError as exc:
                 outcomes.append(("error", str(exc)))
         assert outcomes[0] == outcomes[1], (lengths, ids, starts, outcomes)
+
+
+def test_whole_step_closed_form_equals_the_general_plan(monkeypatch, no_replay):
+    """One call holding every sample whole (any sample order, pads between samples, empty samples) takes the
+    closed form ``_Layout.whole_step``; with it switched off, the general registration gives the same descriptors,
+    rows and fold state. Calls that are not a whole step (a sample missing, twice, or cut) never take it."""
+    taken = []
+    real = canonical._Layout.whole_step
+
+    def spy(self, runs):
+        out = real(self, runs)
+        taken.append(out is not None)
+        return out
+
+    def steps() -> str:
+        d = _Digest()
+        rng = np.random.default_rng(17)
+        for trial in range(40):
+            lengths, tile = _lengths(rng), int(rng.choice(TILES))
+            call = [(s, 0, n) for s, n in enumerate(lengths) if n]
+            rng.shuffle(call)
+            rows = _as_runs(rng, call) if trial % 2 else _as_packed(call)
+            fold = CanonicalFold(torch.zeros(2), lengths, tile)
+            _add_tile_step(d, fold, rows, _tensors(rows, trial))
+            d.add(fold.done, fold._lo, fold._hi)
+        return d.hex()
+
+    monkeypatch.setattr(canonical._Layout, "whole_step", spy)
+    fast = steps()
+    assert sum(taken) >= 30  # (a trial whose samples are all empty has no whole step)
+    monkeypatch.setattr(canonical._Layout, "whole_step", lambda self, runs: None)
+    assert steps() == fast
+    monkeypatch.setattr(canonical._Layout, "whole_step", spy)
+    taken.clear()
+    lengths = [5, 3, 4]
+    for pieces in ([(0, 0, 5), (1, 0, 3)], [(0, 0, 5), (0, 0, 5), (2, 0, 4)], [(0, 0, 5), (1, 0, 2), (2, 0, 4)],
+                   [(0, 0, 5), (1, 1, 2), (2, 0, 4)]):
+        try:
+            CanonicalFold(torch.zeros(2), lengths, 2).take_tiles(_as_packed(pieces), ())
+        except ValueError:
+            pass
+    assert not any(taken) and len(taken) == 4
+
+
+def test_device_positions_are_cached_by_content(monkeypatch):
+    """Positions of rows given by runs are cached by (rows, runs) content: the same packing gives the same tensor
+    (equal to ``rows.position``), another packing, another row count or per-row identities never share it; the
+    cache is bounded and cleared with the plan caches."""
+    monkeypatch.setattr(canonical, "_cache_positions", lambda device: True)
+    canonical.clear_plan_caches()
+    cpu = torch.device("cpu")
+    a = canonical.device_positions(RowIdentity.packed([3, 4], [0, 1], [0, 2]), cpu)
+    b = canonical.device_positions(RowIdentity.packed([3, 4], [0, 1], [0, 2]), cpu)
+    assert a is b and a.tolist() == [0, 1, 2, 2, 3, 4, 5]
+    c = canonical.device_positions(RowIdentity.packed([3, 4], [0, 1], [0, 1]), cpu)
+    assert c is not a and c.tolist() == [0, 1, 2, 1, 2, 3, 4]
+    padded = RowIdentity.from_runs(9, [0, 1], [0, 2], [0, 5], [3, 4])
+    d = canonical.device_positions(padded, cpu)
+    assert d is not a and d.tolist() == padded.position.tolist()
+    plain = RowIdentity(torch.tensor([0, 0, -1]), torch.tensor([4, 5, 7]))
+    assert canonical.device_positions(plain, cpu).tolist() == [4, 5, 7]  # per-row identities: as given
+    for n in range(canonical.POSITION_SLOTS + 5):
+        canonical.device_positions(RowIdentity.packed([n + 1]), cpu)
+    assert len(canonical._POSITIONS) == canonical.POSITION_SLOTS
+    canonical.clear_plan_caches()
+    assert not canonical._POSITIONS

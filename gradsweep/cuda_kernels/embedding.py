@@ -14,7 +14,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
-from gradsweep.kernel_api import check_embedding, embedding_function, require_fold
+from gradsweep.kernel_api import check_embedding, embedding_function, require_fold, run_function
 
 TILE: int = 1
 
@@ -75,4 +75,4 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, rows: RowIdentity,
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"embedding: ids must be integers, got {ids.dtype}")
     require_fold(fold, weight, "embedding")
-    return _EmbeddingFn.apply(ids, weight, rows, fold)
+    return run_function(_EmbeddingFn, ids, weight, rows, fold)

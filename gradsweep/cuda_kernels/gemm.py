@@ -19,7 +19,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, FoldStep, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
-from gradsweep.kernel_api import check_linear, require_fold
+from gradsweep.kernel_api import check_linear, require_fold, run_function
 
 OUT_BF16, OUT_F32_CHAIN, OUT_F32_ADD = 0, 1, 2  # gemm_nn's ``out`` (csrc/gradsweep.h: kNnBf16, ...)
 TILE = 64  # canonical token tile of the dW fold (a multiple of 16: every call's mma steps stay on the same slots)
@@ -38,7 +38,11 @@ def matmul_invariant(a: torch.Tensor, b_t: torch.Tensor,
         raise ValueError(f"matmul_invariant: the CUDA GEMM writes bfloat16, not {out_dtype}")
     rt.check_tensor("matmul_invariant a", a)
     rt.check_tensor("matmul_invariant b_t", b_t)
-    a = _rows_contiguous(a)
+    return _product_nt(_rows_contiguous(a), b_t)
+
+
+def _product_nt(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """``matmul_invariant`` on checked operands (a with unit column stride)."""
     m, k = a.shape
     n = b_t.shape[0]
     out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
@@ -128,7 +132,7 @@ class DetLinearFn(torch.autograd.Function):
     def forward(ctx, x, weight, rows, fold):  # type: ignore[override]
         ctx.save_for_backward(x, weight)
         ctx.rows, ctx.fold = rows, fold
-        return matmul_invariant(x, weight)
+        return _product_nt(x, weight)
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
@@ -150,4 +154,4 @@ def det_linear(x: torch.Tensor, weight: torch.Tensor, rows: RowIdentity,
     rt.check_tensor("det_linear x", x)
     rt.check_tensor("det_linear weight", weight)
     require_fold(fold, weight, "det_linear")
-    return DetLinearFn.apply(x.contiguous(), weight.contiguous(), rows, fold)
+    return run_function(DetLinearFn, x.contiguous(), weight.contiguous(), rows, fold)

@@ -26,7 +26,7 @@ import torch
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
 from gradsweep.cuda_kernels.gemm import TILE, dw_fold_raw, matmul_add
-from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold
+from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold, run_function
 
 __all__ = ["TILE", "linear_logp"]
 # Backward vocabulary chunk: extra memory O(R x BWD_VCHUNK); dhidden sums one product per chunk, so the width is
@@ -37,15 +37,11 @@ BWD_VCHUNK = 4096
 SCRATCH_BYTES = 256 << 20
 
 
-def _hopper(t: torch.Tensor) -> bool:
-    return bool(rt.ext().hopper_gemm(rt.launch(t)[0]))
-
-
-def forward_scratch(rows: int, vocab: int, like: torch.Tensor) -> tuple[torch.Tensor | None, int]:
-    """(fp32 logits scratch, its columns) of the Hopper forward; (None, 0) where the mma.sync kernel runs (not a
-    Hopper device, or a vocabulary whose slabs TMA cannot store by rows: the launcher decides, this only spares
-    the allocation)."""
-    if vocab % 4 or not _hopper(like):
+def forward_scratch(rows: int, vocab: int, like: torch.Tensor, device: int) -> tuple[torch.Tensor | None, int]:
+    """(fp32 logits scratch, its columns) of the Hopper forward on CUDA device ``device``; (None, 0) where the
+    mma.sync kernel runs (not a Hopper device, or a vocabulary whose slabs TMA cannot store by rows: the launcher
+    decides, this only spares the allocation)."""
+    if vocab % 4 or not rt.ext().hopper_gemm(device):
         return None, 0
     chunk = int(rt.ext().LLP_VCHUNK)
     cols = max(1, min(-(-vocab // chunk), SCRATCH_BYTES // (4 * chunk * max(rows, 1)))) * chunk
@@ -63,24 +59,32 @@ def fused_forward(hidden: torch.Tensor, weight: torch.Tensor,
     ext = rt.ext()
     n_chunks = -(-v // int(ext.LLP_VCHUNK))
     part = torch.empty(3 * n_chunks * r, dtype=torch.float32, device=hidden.device)
-    logits, cols = forward_scratch(r, v, hidden)
     dev, stream = rt.launch(hidden)
+    logits, cols = forward_scratch(r, v, hidden, dev)
     ext.llp_forward(rt.ptr(hidden), rt.ptr(weight), rt.ptr(targets), rt.ptr(part), rt.ptr(out), rt.ptr(lse), r, v,
                     k, hidden.stride(0), weight.stride(0), rt.ptr(logits), cols, dev, stream)
     return out, lse
 
 
+def dlogits_scratch(rows: int, like: torch.Tensor) -> torch.Tensor | None:
+    """The fp32 logits scratch of every ``dlogits_chunk`` of one backward ([rows, BWD_VCHUNK]; None off Hopper):
+    allocated once per backward, not once per chunk."""
+    if rows == 0 or not rt.ext().hopper_gemm(rt.launch(like)[0]):
+        return None
+    return torch.empty(rows * BWD_VCHUNK, dtype=torch.float32, device=like.device)
+
+
 def dlogits_chunk(hidden: torch.Tensor, w_chunk: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
-                  g: torch.Tensor, v0: int, vocab: int) -> torch.Tensor:
-    """bf16 dlogits [S, chunk] of vocabulary columns v0 .. v0 + chunk - 1 (recomputed logits)."""
+                  g: torch.Tensor, v0: int, vocab: int, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 dlogits [S, chunk] of vocabulary columns v0 .. v0 + chunk - 1 (recomputed logits); ``scratch`` (from
+    ``dlogits_scratch``, chunk <= BWD_VCHUNK) lets the Hopper GEMM write the chunk's fp32 logits first."""
     m, k = hidden.shape
     n = w_chunk.shape[0]
     d = torch.empty(m, n, dtype=hidden.dtype, device=hidden.device)
     if m == 0 or n == 0:
         return d
     cols = -(-n // 8) * 8
-    hopper = n % 4 == 0 and _hopper(hidden)
-    logits = torch.empty(m * cols, dtype=torch.float32, device=hidden.device) if hopper else None
+    logits = scratch if scratch is not None and n % 4 == 0 and scratch.numel() >= m * cols else None
     dev, stream = rt.launch(hidden)
     rt.ext().llp_dlogits(rt.ptr(hidden), rt.ptr(w_chunk), rt.ptr(targets), rt.ptr(lse), rt.ptr(g), rt.ptr(d), m, n,
                          k, v0, vocab, hidden.stride(0), w_chunk.stride(0), d.stride(0), rt.ptr(logits), cols, dev,
@@ -115,9 +119,10 @@ class LinearLogpFn(torch.autograd.Function):
                 n_pend, plan = src[0].shape[0] - r, step.plan
         dh_acc = torch.zeros(r, k, dtype=torch.float32, device=hidden.device) if need_h else None
         if plan is not None or (need_h and r > 0):
+            scratch = dlogits_scratch(src[0].shape[0], hidden)
             for v0 in range(0, v, BWD_VCHUNK):
                 w_c = weight[v0:v0 + BWD_VCHUNK]
-                d = dlogits_chunk(src[0], w_c, src[1], src[2], src[3], v0, v)
+                d = dlogits_chunk(src[0], w_c, src[1], src[2], src[3], v0, v, scratch)
                 if dh_acc is not None:
                     matmul_add(d[n_pend:], w_c, dh_acc)
                 if plan is not None:
@@ -134,4 +139,4 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     rt.check_tensor("linear_logp weight", weight)
     require_fold(fold, weight, "linear_logp")
     targets = targets.to(device=hidden.device, dtype=torch.int64).contiguous()
-    return LinearLogpFn.apply(hidden.contiguous(), weight.contiguous(), targets, rows, fold)
+    return run_function(LinearLogpFn, hidden.contiguous(), weight.contiguous(), targets, rows, fold)

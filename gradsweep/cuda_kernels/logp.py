@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from gradsweep.cuda_kernels import runtime as rt
-from gradsweep.kernel_api import check_selected_logp, logp_outputs, selected_logp_function
+from gradsweep.kernel_api import check_selected_logp, logp_outputs, run_function, selected_logp_function
 
 
 def logp_forward(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,4 +51,4 @@ def selected_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     rt.check_tensor("selected_logp logits", logits)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    return SelectedLogpFn.apply(logits, targets.to(device=logits.device, dtype=torch.int64).contiguous())
+    return run_function(SelectedLogpFn, logits, targets.to(device=logits.device, dtype=torch.int64).contiguous())

@@ -3,8 +3,9 @@
 Forward and dx are rms_norm's row kernels on the [R * heads, head_dim] view (one block per (token, head);
 block size a function of head_dim alone), so a row's bits never depend on the batch. dweight follows the
 canonical protocol: ``fold.take(rows, (dy, x, rstd))`` gives the plan; one kernel writes one fp32 partial
-per canonical tile (tokens in slot order, heads in head order inside each token, -1 slots skipped) and
-rms_norm's fold kernel adds the partials tile after tile into the loaded fold.main_grad.
+per canonical tile (the tile's (token, head) pairs in (slot, head) order dealt to a head_dim-fixed number of
+streams, each summed in order, then the streams in order; -1 slots skipped) and rms_norm's fold kernel adds the
+partials tile after tile into the loaded fold.main_grad.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
 from gradsweep.cuda_kernels.rms_norm import rms_norm_dx, rms_norm_forward
-from gradsweep.kernel_api import check_qk_norm, require_fold
+from gradsweep.kernel_api import check_qk_norm, require_fold, run_function
 
 TILE: int = 32
 
@@ -94,4 +95,4 @@ def qk_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentity
     if weight.device != x.device:
         raise ValueError(f"qk_norm: x on {x.device}, weight on {weight.device}")
     require_fold(fold, weight, "qk_norm")
-    return _QKNormFn.apply(x.contiguous(), weight.contiguous(), float(eps), rows, fold)
+    return run_function(_QKNormFn, x.contiguous(), weight.contiguous(), float(eps), rows, fold)

@@ -13,7 +13,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
-from gradsweep.kernel_api import check_rms_norm, require_fold
+from gradsweep.kernel_api import check_rms_norm, require_fold, run_function
 
 TILE: int = 64
 
@@ -87,4 +87,4 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentit
     require_fold(fold, weight, "rms_norm")
     if fold is not None and (rows is None or rows.num_rows != x.shape[0]):
         raise ValueError("rms_norm: rows must give the logical identity of every row of x")
-    return _RMSNormFn.apply(x.contiguous(), weight.contiguous(), float(eps), rows, fold)
+    return run_function(_RMSNormFn, x.contiguous(), weight.contiguous(), float(eps), rows, fold)

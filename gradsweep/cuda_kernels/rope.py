@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from gradsweep.cuda_kernels import runtime as rt
-from gradsweep.kernel_api import rope_function
+from gradsweep.kernel_api import rope_function, run_function
 
 
 def rope_apply(x: torch.Tensor, positions: torch.Tensor, theta: float, inverse: bool) -> torch.Tensor:
@@ -40,4 +40,4 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     if positions.dtype.is_floating_point or positions.dtype == torch.bool:
         raise ValueError(f"rope: positions must be integers, got {positions.dtype}")
     pos = positions.to(device=x.device, dtype=torch.int64).contiguous()
-    return _RopeFn.apply(x.contiguous(), pos, float(theta))
+    return run_function(_RopeFn, x.contiguous(), pos, float(theta))

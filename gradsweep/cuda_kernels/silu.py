@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.kernel_api import run_function
 
 
 def silu_forward(x: torch.Tensor) -> torch.Tensor:
@@ -38,4 +39,4 @@ class _SiluFn(torch.autograd.Function):
 def silu(x: torch.Tensor) -> torch.Tensor:
     """SiLU of a bf16 CUDA tensor of any shape; differentiable."""
     rt.check_tensor("silu x", x)
-    return _SiluFn.apply(x.contiguous())
+    return run_function(_SiluFn, x.contiguous())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.kernel_api import run_function
 
 
 def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -45,4 +46,4 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.shape != up.shape or gate.device != up.device:
         raise ValueError(f"swiglu: gate {tuple(gate.shape)} on {gate.device} and up {tuple(up.shape)} on "
                          f"{up.device} must match")
-    return _SwigluFn.apply(gate.contiguous(), up.contiguous())
+    return run_function(_SwigluFn, gate.contiguous(), up.contiguous())

@@ -30,8 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from gradsweep.canonical import CanonicalFold, RowIdentity
-from gradsweep.uploads import upload
+from gradsweep.canonical import CanonicalFold, RowIdentity, device_positions
 
 Mode = Literal["auto", "ordinary", "layerwise"]
 
@@ -137,7 +136,7 @@ class ChainContext:
             raise RuntimeError(f"ChainContext: {self._seen_tokens} tokens forwarded for a step of {self.total}; "
                                "a token was forwarded twice or the lengths are wrong")
         self.rows = rows
-        self.positions = upload(rows.position, self.device)
+        self.positions = device_positions(rows, self.device)
         if self.mode == "layerwise":
             self.calls.append(CallRecord(rows))
 

@@ -13,10 +13,9 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
-from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.canonical import CanonicalFold, RowIdentity, device_positions
 from gradsweep.families import STOCK_FAMILY, Family, impl_id, kernel_families, kernel_module
 from gradsweep.layouts import LAYOUT_NAMES, Call
-from gradsweep.uploads import upload
 
 Shape = dict[str, Any]
 ROW_LAYOUTS: tuple[str, ...] = LAYOUT_NAMES
@@ -190,4 +189,4 @@ def kernel_candidates(op: str, module: str, run: Callable[[ModuleType, CallConte
 
 def positions_on(ctx: CallContext, device: torch.device) -> torch.Tensor:
     """Absolute positions of the call's rows, from logical identity (never the physical row index)."""
-    return upload(ctx.rows.position, device)
+    return device_positions(ctx.rows, device)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity, TileStep
-from gradsweep.kernel_api import check_embedding, embedding_function, require_fold
+from gradsweep.kernel_api import check_embedding, embedding_function, require_fold, run_function
 from gradsweep.triton_kernels._common import FastLaunch, pow2, upload
 
 TILE: int = 64  # canonical tile of the fold (plans cost O(tiles); the bits do not depend on it)
@@ -167,4 +167,4 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, rows: RowIdentity,
     if ids.device.type == "cpu" and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):
         raise ValueError("embedding: an id lies outside the vocabulary")
     require_fold(fold, weight, "embedding")
-    return _EmbeddingFn.apply(ids, weight, rows, fold)
+    return run_function(_EmbeddingFn, ids, weight, rows, fold)

@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - older triton
     _allocation = None
 
 from gradsweep.canonical import CanonicalFold, RowIdentity, TileStep
-from gradsweep.kernel_api import check_linear, require_fold
+from gradsweep.kernel_api import check_linear, require_fold, run_function
 from gradsweep.triton_kernels._common import INTERPRET, Tuner, loop_bound, m_bucket, mma, tile_ids, to_out
 
 TILE = 64  # canonical token tile of the dW fold (the fold kernel's K block equals it)
@@ -380,4 +380,4 @@ def det_linear(x: torch.Tensor, weight: torch.Tensor, rows: RowIdentity,
     """Batch-invariant ``x @ weight.T`` (bf16 in/out, fp32 accumulate); dW by the canonical fold."""
     check_linear(x, weight, rows)
     require_fold(fold, weight, "det_linear")
-    return DetLinearFn.apply(x.contiguous(), weight.contiguous(), rows, fold)
+    return run_function(DetLinearFn, x.contiguous(), weight.contiguous(), rows, fold)

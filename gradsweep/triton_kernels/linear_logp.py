@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
-from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold
+from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold, run_function
 from gradsweep.triton_kernels._common import INTERPRET, Tuner, loop_bound, m_bucket, tile_ids, to_out
 from gradsweep.triton_kernels.gemm import TILE, dw_fold_tiles, k_loop, matmul_accumulate, mm_configs
 
@@ -215,4 +215,4 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     check_linear_logp(hidden, weight, targets, rows)
     require_fold(fold, weight, "linear_logp")
     targets = targets.to(device=hidden.device, dtype=torch.int64).contiguous()
-    return LinearLogpFn.apply(hidden.contiguous(), weight.contiguous(), targets, rows, fold)
+    return run_function(LinearLogpFn, hidden.contiguous(), weight.contiguous(), targets, rows, fold)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsweep.kernel_api import check_selected_logp, logp_outputs, selected_logp_function
+from gradsweep.kernel_api import check_selected_logp, logp_outputs, run_function, selected_logp_function
 from gradsweep.triton_kernels._common import INTERPRET, FastLaunch, loop_bound, to_out
 
 # Pinned forward configuration (a row's summation order follows BLOCK_V and the warps; never R).
@@ -104,4 +104,4 @@ def selected_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     check_selected_logp(logits, targets)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    return SelectedLogpFn.apply(logits, targets.to(device=logits.device, dtype=torch.int64).contiguous())
+    return run_function(SelectedLogpFn, logits, targets.to(device=logits.device, dtype=torch.int64).contiguous())

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
-from gradsweep.kernel_api import check_qk_norm, require_fold
+from gradsweep.kernel_api import check_qk_norm, require_fold, run_function
 from gradsweep.triton_kernels._common import FastLaunch, norm_backward, norm_function, pow2, to_out, warps_for
 
 TILE: int = 32
@@ -131,4 +131,4 @@ def qk_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentity
     """Per-head RMSNorm of x [R, heads, head_dim]; dweight goes into fold.main_grad (returned grad None)."""
     check_qk_norm(x, weight)
     require_fold(fold, weight, "qk_norm")
-    return _QKNormFn.apply(x.contiguous(), weight, eps, rows, fold)
+    return run_function(_QKNormFn, x.contiguous(), weight, eps, rows, fold)

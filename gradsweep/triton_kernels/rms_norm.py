@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
-from gradsweep.kernel_api import check_rms_norm, require_fold
+from gradsweep.kernel_api import check_rms_norm, require_fold, run_function
 from gradsweep.triton_kernels._common import FastLaunch, norm_backward, norm_function, row_config, to_out
 
 TILE: int = 32
@@ -132,4 +132,4 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: RowIdentit
     """RMSNorm of x [R, H] (bf16 in/out); dweight goes into fold.main_grad (returned grad is None)."""
     check_rms_norm(x, weight)
     require_fold(fold, weight, "rms_norm")
-    return _RMSNormFn.apply(x.contiguous(), weight, eps, rows, fold)
+    return run_function(_RMSNormFn, x.contiguous(), weight, eps, rows, fold)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsweep.kernel_api import rope_function
+from gradsweep.kernel_api import rope_function, run_function
 from gradsweep.triton_kernels._common import FastLaunch, pow2, to_out, warps_for
 
 STAGES = 3  # software-pipelining depth of the loop over heads (speed only, not bits)
@@ -83,4 +83,4 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     """Rotate-half RoPE of x [R, heads, head_dim] at integer positions [R] (same device as x)."""
     if x.dim() != 3:
         raise ValueError(f"rope: expected x [R, heads, head_dim], got {tuple(x.shape)}")
-    return _RopeFn.apply(x, positions, theta)
+    return run_function(_RopeFn, x, positions, theta)

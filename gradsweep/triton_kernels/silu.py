@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gradsweep.kernel_api import run_function
 from gradsweep.triton_kernels._common import FastLaunch, to_out
 
 BLOCK = 2048
@@ -69,4 +70,4 @@ class _SiluFn(torch.autograd.Function):
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """SiLU of a tensor of any shape (bf16 in, bf16 out)."""
-    return _SiluFn.apply(x)
+    return run_function(_SiluFn, x)

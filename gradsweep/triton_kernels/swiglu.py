@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gradsweep.kernel_api import run_function
 from gradsweep.triton_kernels._common import FastLaunch, to_out
 
 BLOCK = 2048
@@ -81,4 +82,4 @@ class _SwigluFn(torch.autograd.Function):
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate, up [R, I] (any equal shapes), bf16 in/out."""
-    return _SwigluFn.apply(gate, up)
+    return run_function(_SwigluFn, gate, up)

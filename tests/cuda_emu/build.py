@@ -135,16 +135,18 @@ def build(out: Path, plant: tuple[str, str, str] | None = None) -> Path:
     text) changes one kernel source first (to show that the emulated checks can fail)."""
     src = out / "src"
     src.mkdir(parents=True, exist_ok=True)
-    (src / "common.cuh").write_text((CSRC / "common.cuh").read_text().replace(
-        "#include <cuda_runtime.h>", '#include <cuda_runtime.h>\n#include "emu.h"'))
+    common = _drop_function((CSRC / "common.cuh").read_text(), "float ex2(").replace(
+        "#include <cuda_runtime.h>", '#include <cuda_runtime.h>\n#include "emu.h"')
+    (src / "common.cuh").write_text(common.replace("namespace gs {\n", "namespace gs {\n"
+                                                   "inline float ex2(float x) { return exp2f(x); }\n", 1))
     mma = (CSRC / "mma_gemm.cuh").read_text()
     for sig in ("uint32_t smem_addr(", "void cp_async16(", "void cp_async_commit(", "void cp_async_wait(",
                 "void ldmatrix_x4(", "void ldmatrix_x4_trans(", "void mma_bf16("):
         mma = _drop_function(mma, sig)
     mma = mma.replace('#include "common.cuh"', '#include "common.cuh"\n#include "emu_mma.h"')
     (src / "mma_gemm.cuh").write_text(mma)
-    att = _drop_function(_drop_function((CSRC / "attention.cuh").read_text(), "float ex2("), "void cp_async4(")
-    att = att.replace("namespace attn {\n", "namespace attn {\ninline float ex2(float x) { return exp2f(x); }\n"
+    att = _drop_function((CSRC / "attention.cuh").read_text(), "void cp_async4(")
+    att = att.replace("namespace attn {\n", "namespace attn {\n"
                       "inline void cp_async4(void* d, const void* s) { std::memcpy(d, s, 4); }\n", 1)
     (src / "attention.cuh").write_text(att)
     for header in ("attention.h", "rl.h", "gradsweep.h"):
