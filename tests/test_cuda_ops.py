@@ -432,3 +432,40 @@ def test_gpu_hopper_linear_logp_equals_the_portable_kernel() -> None:
     if not bitwise_compare(got[0], got[1]).equal:
         bad.append("V=2049: the automatic path differs from the mma.sync kernel")
     assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+def test_gpu_logp_forward_special_values_and_tails() -> None:
+    """The forward's exponentials run on the special-function unit (ex2): rows with -inf entries, a NaN, a +inf,
+    every entry -inf, a vocabulary that is not a multiple of 8 (the partial last chunk, element loads) and a row
+    whose first chunks are all -inf before a NaN give what log_softmax in float64 gives (NaN where it is NaN), and
+    targets outside [0, V) give 0."""
+    from gradsweep.cuda_kernels.logp import logp_forward
+
+    gen = torch.Generator().manual_seed(11)
+    contract = load_contract(MANIFEST_DIR / "contract.yaml")
+    rule = contract.resolve(CheckKind.FORWARD_ACCURACY, "logp", "logp", "bfloat16", "cuda_bf16",
+                            contract.accumulation_class("logp", "logp", "cuda"))
+    for vocab in (4096, 5003):
+        x = (torch.randn(8, vocab, generator=gen) * 4).to(torch.bfloat16)
+        x[1, ::3] = float("-inf")
+        x[2, 17] = float("nan")
+        x[3, 5] = float("inf")
+        x[4, :] = float("-inf")
+        x[5, : vocab // 2] = float("-inf")
+        x[5, vocab // 2 + 1] = float("nan")
+        t = torch.randint(0, vocab, (8,), generator=gen)
+        t[1] = 1  # a finite entry (1 % 3 != 0)
+        t[6], t[7] = -100, vocab
+        got, _ = logp_forward(x.cuda(), t.cuda())
+        got = got.cpu().double()
+        want = torch.log_softmax(x.double(), -1).gather(1, t.clamp(0, vocab - 1)[:, None]).squeeze(1)
+        want[6:] = 0.0
+        stock = torch.log_softmax(x.float(), -1).gather(1, t.clamp(0, vocab - 1)[:, None]).squeeze(1).double()
+        stock[6:] = 0.0
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), (vocab, got, want)
+        ok = ~torch.isnan(want)
+        error = normwise_error(got[ok], want[ok])
+        bound = rule.bound(normwise_error(stock[ok], want[ok]))  # the contract's FP32-class rule for logp
+        assert error <= bound, (vocab, error, bound)
