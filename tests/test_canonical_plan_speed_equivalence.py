@@ -384,7 +384,7 @@ def test_device_positions_are_cached_by_content(monkeypatch):
     assert c is not a and c.tolist() == [0, 1, 2, 1, 2, 3, 4]
     padded = RowIdentity.from_runs(9, [0, 1], [0, 2], [0, 5], [3, 4])
     d = canonical.device_positions(padded, cpu)
-    assert d is not a and d.tolist() == padded.position.tolist()
+    assert d is not a and d.tolist() == [0, 1, 2, 0, 0, 2, 3, 4, 5]  # pad rows (3, 4) at position 0
     plain = RowIdentity(torch.tensor([0, 0, -1]), torch.tensor([4, 5, 7]))
     assert canonical.device_positions(plain, cpu).tolist() == [4, 5, 7]  # per-row identities: as given
     for n in range(canonical.POSITION_SLOTS + 5):
