@@ -25,9 +25,13 @@ namespace attn {
 
 constexpr int kBlockN = 64;     // keys per block of the forward and dQ walks (aligned to position 0)
 constexpr int kFoldTile = 32;   // queries per canonical tile of the dK / dV fold (aligned to the sample start)
-constexpr int kWideWarps = 4;   // warps of a wide (prefill) forward / dQ program
-constexpr int kFwdMI = 2;       // 16-row m-tiles per warp of the wide forward: 128 rows per program
-constexpr int kDqMI = 1;        // of the wide dQ: 64 rows per program
+constexpr int kWideWarps = 4;   // warps of a wide (prefill) dQ program
+constexpr int kDqMI = 1;        // 16-row m-tiles per warp of the wide dQ: 64 rows per program
+// The wide forward: 8 warps of one 16-row m-tile, 128 rows per program. (4 warps of two m-tiles needed 255
+// registers and spilled, leaving two warps per scheduler: latency-bound under Nsight Compute.) A row's
+// arithmetic does not depend on the warps or m-tiles of its program (attention_fwd.cu), so the bits stay.
+constexpr int kFwdWarps = 8;
+constexpr int kFwdMI = 1;
 constexpr int kFoldWarps = 4;   // 16 keys each: 64 keys per dK / dV program
 constexpr int kNarrowRows = 16; // a narrow program: one warp, one m-tile (decode steps, short tails)
 constexpr int kMaxHeadDim = 128;

@@ -7,7 +7,7 @@
 //   m_new = max(m, rowmax(s) * scale); alpha = 2^(m - m_new); p = 2^(s * scale - m_new)   (fma)
 //   l = l * alpha + rowsum(p) (fma); acc = acc * alpha + bf16(p) V
 // and a row the block lies wholly after keeps (m, l, acc) as they were. o = acc / l (-0 stored as +0),
-// lse = m + log2(l) (log2 units, scale folded in). The same code serves wide programs (4 warps x 32 rows) and
+// lse = m + log2(l) (log2 units, scale folded in). The same code serves wide programs (8 warps x 16 rows) and
 // narrow ones (1 warp x 16 rows, decode steps): a row's arithmetic depends on kBlockN and head_dim only.
 #include "attention.cuh"
 #include "attention.h"
@@ -136,7 +136,7 @@ __device__ __forceinline__ void fwd_block(const bf16* sQ, const bf16* sK, const 
 }
 
 template <int DP, int WARPS, int MI>
-__global__ void __launch_bounds__(WARPS * 32) fwd_kernel(FwdParams p) {
+__global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 1) fwd_kernel(FwdParams p) {  // 8 warps: two blocks per SM
   using C = FwdCfg<DP, WARPS, MI>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
@@ -252,7 +252,7 @@ template <int DP>
 int launch_fwd_both(FwdParams p, const int32_t* wide, int64_t n_wide, const int32_t* narrow, int64_t n_narrow,
                     cudaStream_t stream) {
   p.progs = wide;
-  const int err = launch_fwd<DP, kWideWarps, kFwdMI>(p, n_wide, stream);
+  const int err = launch_fwd<DP, kFwdWarps, kFwdMI>(p, n_wide, stream);
   if (err != 0) return err;
   p.progs = narrow;
   return launch_fwd<DP, 1, 1>(p, n_narrow, stream);
@@ -286,7 +286,7 @@ __global__ void scatter_kernel(const uint16_t* src_a, uint16_t* dst_a, const uin
 
 int64_t attn_rows(bool narrow, bool dq) {
   if (narrow) return attn::kNarrowRows;
-  return attn::kWideWarps * 16 * (dq ? attn::kDqMI : attn::kFwdMI);
+  return dq ? attn::kWideWarps * 16 * attn::kDqMI : attn::kFwdWarps * 16 * attn::kFwdMI;
 }
 int64_t attn_block_n() { return attn::kBlockN; }
 int64_t attn_fold_tile() { return attn::kFoldTile; }
