@@ -353,7 +353,7 @@ class _Layout:
     def whole_step(self, runs: Runs) -> np.ndarray | None:
         """Closed form of the commonest step, one call holding every sample whole (a packed batch, in any sample
         order, any row order): row0 of every tile, all read in place; None for any other call. Equal to what
-        registering the runs and describing the tiles gives (tests/test_fold_plans.py)."""
+        registering the runs and describing the tiles gives (tests/test_canonical_plan_speed_equivalence.py)."""
         s = runs.sample
         if len(s) != self.nonempty or not self.total_tiles or runs.pos0.any() or int(s.max()) >= len(self.lengths):
             return None
@@ -378,6 +378,7 @@ TRANSITION_SLOTS = 512
 
 _POSITIONS: OrderedDict = OrderedDict()
 POSITION_SLOTS = 32
+POSITION_BYTES = 64 << 20  # device memory the cached positions may hold (the newest entry is kept whatever its size)
 
 
 def _cache_positions(device: torch.device) -> bool:
@@ -398,8 +399,10 @@ def device_positions(rows: RowIdentity, device: torch.device) -> torch.Tensor:
         _POSITIONS.move_to_end(key)
         return hit
     out = _POSITIONS[key] = upload(rows.position, device)
-    while len(_POSITIONS) > POSITION_SLOTS:
-        _POSITIONS.popitem(last=False)
+    held = sum(t.numel() * t.element_size() for t in _POSITIONS.values())
+    while len(_POSITIONS) > 1 and (len(_POSITIONS) > POSITION_SLOTS or held > POSITION_BYTES):
+        _, old = _POSITIONS.popitem(last=False)
+        held -= old.numel() * old.element_size()
     return out
 
 

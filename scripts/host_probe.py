@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from gradsweep.bench.catalog import fold_plan
+from gradsweep.bench.catalog import RUNNERS, fold_plan
 from gradsweep.bench.subjects import OpSubject
 from gradsweep.bench.suite import select
 from gradsweep.manifest import load_manifest
@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--fold-plan", action="store_true", help="also the fold_plan cases")
+    ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "host_probe.txt").open("a")
@@ -93,11 +94,11 @@ def main() -> None:
             say(f"fold_plan {case.name}: host {h:.0f} us per call, drained {d:.0f} us")
     sel = select(load_manifest(args.manifest), args.op or None, None, False, "cuda")
     for case in sel.cases:
-        if case.host_only:
+        if case.host_only or (args.case and not any(c in case.id for c in args.case)):
             continue
         mode = {"bwd": "fwd_bwd"}.get(case.phase, case.phase)
         slots = {s.family: s.candidate for s in sel.slots[case.id] if s.candidate is not None}
-        subject = OpSubject(case, get_op(case.op), slots, device, 0)
+        subject = RUNNERS.get(case.runner, OpSubject)(case, get_op(case.op), slots, device, 0)
         refs = [(family, subject.family(family, mode)) for family in slots]
         refs.append(("stock", subject.reference("stock", mode)))
         for name, ref in refs:

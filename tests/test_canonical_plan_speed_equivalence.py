@@ -392,3 +392,10 @@ def test_device_positions_are_cached_by_content(monkeypatch):
     assert len(canonical._POSITIONS) == canonical.POSITION_SLOTS
     canonical.clear_plan_caches()
     assert not canonical._POSITIONS
+    monkeypatch.setattr(canonical, "POSITION_BYTES", 8 * 100)  # bounded by bytes too: 100 positions
+    for n in (40, 50, 30):
+        canonical.device_positions(RowIdentity.packed([n]), cpu)
+    assert [t.numel() for t in canonical._POSITIONS.values()] == [50, 30]  # the oldest went first
+    canonical.device_positions(RowIdentity.packed([500]), cpu)
+    assert [t.numel() for t in canonical._POSITIONS.values()] == [500]  # the newest stays, whatever its size
+    canonical.clear_plan_caches()

@@ -3,8 +3,9 @@
 Why they exist: every per-row reduction must run in a launch configuration that depends on the feature
 size only (``row_config``), and every token reduction must end in the same sequential FP32 fold over
 per-tile partials (``fold_partials``), so that a sample's bits never depend on how it was batched. The
-interpreter switches (``INTERPRET`` and its constexpr twins), the launch path (``FastLaunch``, ``Tuner``) and
-the jit helpers every product and store goes through (``mma``, ``to_out``) are read from here only.
+interpreter switches (``INTERPRET`` and its constexpr twins), the launch path (``Tuner``, and ``FastLaunch``
+from ``_launch``) and the jit helpers every product and store goes through (``mma``, ``to_out``) are read from
+here only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.triton_kernels._launch import FastLaunch
 from gradsweep.uploads import upload
 
 # Read once, before any kernel below is decorated: TRITON_INTERPRET must be set before import.
@@ -30,9 +32,6 @@ SOFT_RNE = tl.constexpr(INTERPRET)
 # Haswell / Zen kernels give a row other bits at another position in the block). ``mma`` then runs a
 # fixed-order product instead; on the GPU it is tl.dot itself.
 PORTABLE_DOT = tl.constexpr(INTERPRET)
-
-# Call compiled kernels directly after the first launch of a specialisation (host time only; GPU only).
-FAST_LAUNCH = os.environ.get("GRADSWEEP_FAST_LAUNCH", "1") == "1" and not INTERPRET
 
 # Columns per program and tiles loaded ahead per loop step of the sequential fold (speed only: the
 # fold's arithmetic is acc = acc + partial[t] for t in order, whatever these are).
@@ -47,49 +46,6 @@ def loop_bound(n: int):
     1-element array); a ``tl.constexpr`` argument stays a plain int there.
     """
     return tl.constexpr(n) if INTERPRET else n
-
-
-def launch_spec(args) -> tuple:
-    """What Triton specialises a launch on: tensor dtype and 16-byte alignment; ints == 1, % 16, width."""
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append((a.dtype, a.data_ptr() % 16 == 0))
-        elif isinstance(a, bool) or a is None:
-            out.append(a)
-        elif isinstance(a, int):
-            out.append((a == 1, a % 16 == 0, -(2 ** 31) <= a < 2 ** 31, a < 2 ** 63))
-        else:
-            out.append(type(a))
-    return tuple(out)
-
-
-class FastLaunch:
-    """Launches of one jit kernel: on the GPU, after the first launch of a specialisation, the compiled
-    kernel is called directly (Triton's launcher re-binds and re-hashes every argument on each call: host
-    time a backward pays per launch). Under the interpreter, or with GRADSWEEP_FAST_LAUNCH=0, a plain launch.
-    Constexpr parameters must come after every runtime parameter (they are passed positionally)."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-        params = getattr(fn, "params", None) or []
-        self.const_names = [p.name for p in params if p.is_constexpr]
-        flags = [p.is_constexpr for p in params]
-        if flags and flags != sorted(flags):
-            raise ValueError(f"FastLaunch: {getattr(fn, '__name__', fn)} has a runtime parameter after a constexpr")
-        self.compiled: dict[tuple, object] = {}
-
-    def __call__(self, grid: tuple[int, ...], args: list, consts: dict, num_warps: int, num_stages: int = 3) -> None:
-        if not FAST_LAUNCH:
-            self.fn[grid](*args, **consts, num_warps=num_warps, num_stages=num_stages)
-            return
-        g = (*grid, 1, 1)[:3]
-        key = (tuple(consts.items()), num_warps, num_stages, launch_spec(args))
-        ck = self.compiled.get(key)
-        if ck is None:
-            self.compiled[key] = self.fn[g](*args, **consts, num_warps=num_warps, num_stages=num_stages)
-        else:
-            ck[g](*args, *[consts[n] for n in self.const_names])
 
 
 class Tuner:

@@ -48,7 +48,7 @@ import triton.language as tl
 
 from gradsweep import attention_host as host
 from gradsweep.canonical import RowIdentity
-from gradsweep.triton_kernels._common import INTERPRET, mma, pow2, to_out
+from gradsweep.triton_kernels._common import INTERPRET, FastLaunch, mma, pow2, to_out
 
 LOG2E = host.LOG2E
 
@@ -503,6 +503,9 @@ class _QueryFold(host.QueryFold):
         super().__init__(total, tile)
 
 
+_SCATTER, _FWD, _DQ, _DKDV = (FastLaunch(k) for k in (_scatter_kernel, _fwd_kernel, _dq_kernel, _dkdv_kernel))
+
+
 def _scatter(plan: _Plan, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
     """dst[token] = src[row] for every real row of the call (one launch for one or two equal-shaped pairs)."""
     if plan.n_real == 0:
@@ -510,20 +513,19 @@ def _scatter(plan: _Plan, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
     (src_a, dst_a), (src_b, dst_b) = pairs[0], pairs[-1]
     row = int(np.prod(src_a.shape[1:]))
     rows_per = max(1, min(16, 8192 // pow2(row)))
-    _scatter_kernel[(triton.cdiv(plan.n_real, rows_per),)](
-        src_a, dst_a, src_b, dst_b, plan.rows, plan.toks, plan.n_real, ROW=row, ROWP=pow2(row), BR=rows_per,
-        TWO=len(pairs) == 2, num_warps=4)
+    _SCATTER((triton.cdiv(plan.n_real, rows_per),), [src_a, dst_a, src_b, dst_b, plan.rows, plan.toks, plan.n_real],
+             {"ROW": row, "ROWP": pow2(row), "BR": rows_per, "TWO": len(pairs) == 2}, num_warps=4)
 
 
-def _launch_rows(kernel, progs: _Programs, cache: AttentionCache, args: tuple, warps: int, **const) -> None:
+def _launch_rows(kernel: FastLaunch, progs: _Programs, cache: AttentionCache, args: tuple, warps: int, **const) -> None:
     """Launch a row kernel over its prefill programs (one per query head) and decode programs (one per K/V head).
     Heads are grid axis 0: CTAs go out longest program first across every head (the tables are sorted)."""
+    consts = {"G": cache.group, "D": cache.head_dim, "DP": pow2(max(cache.head_dim, 16)), "PORTABLE": INTERPRET,
+              **const}
     for table, pack, heads in ((progs.single, 1, cache.heads), (progs.packed, cache.group, cache.kv_heads)):
         if table.shape[0]:
-            kernel[(heads, table.shape[0])](*args[:-1], table, pack, cache.heads, cache.kv_heads, cache.total,
-                                            *args[-1], G=cache.group, D=cache.head_dim,
-                                            DP=pow2(max(cache.head_dim, 16)), PORTABLE=INTERPRET, num_warps=warps,
-                                            **const)
+            kernel((heads, table.shape[0]), [*args[:-1], table, pack, cache.heads, cache.kv_heads, cache.total,
+                                             *args[-1]], consts, num_warps=warps)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdentity, cache: AttentionCache,
@@ -531,7 +533,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdentit
     cfg = cache.config
     plan, o = cache._begin_forward(rows, q, k, v, need_grad)
     qk_scale = LOG2E / math.sqrt(cache.head_dim)
-    _launch_rows(_fwd_kernel, plan.fwd, cache, (q, cache.k, cache.v, o, cache.lse, (qk_scale,)), cfg.fwd_warps,
+    _launch_rows(_FWD, plan.fwd, cache, (q, cache.k, cache.v, o, cache.lse, (qk_scale,)), cfg.fwd_warps,
                  BM=cfg.bm, BN=cfg.bn, STAGES=cfg.fwd_stages, SPLIT=cfg.split, ROWSUM_DOT=cfg.rowsum_dot)
     return o, plan
 
@@ -540,7 +542,7 @@ def _backward(q: torch.Tensor, o: torch.Tensor, do: torch.Tensor, plan: _Plan, c
     cfg = cache.config
     do, dq = cache._begin_backward(plan, q, o, do)
     sm_scale = 1.0 / math.sqrt(cache.head_dim)
-    _launch_rows(_dq_kernel, plan.dq, cache, (q, cache.k, cache.v, o, do, dq, cache.lse, cache.delta,
+    _launch_rows(_DQ, plan.dq, cache, (q, cache.k, cache.v, o, do, dq, cache.lse, cache.delta,
                                               (sm_scale * LOG2E, sm_scale)),
                  cfg.dq_warps, BM=cfg.dq_bm, BN=cfg.dq_bn, STAGES=cfg.dq_stages, SPLIT=cfg.split,
                  EXACT_DELTA=cfg.fp32_grads)
@@ -555,11 +557,12 @@ def _launch_dkdv(cache: AttentionCache) -> None:
         return
     work = host.kv_work(cache.lengths, cache.starts, cfg.kv_bn, cache.device)
     sm_scale = 1.0 / math.sqrt(cache.head_dim)
-    _dkdv_kernel[(cache.kv_heads, work.shape[0])](
-        cache.k, cache.v, cache.q, cache.do, cache.lse, cache.delta, cache.dk, cache.dv, work, cache.heads,
-        cache.kv_heads, cache.total, sm_scale * LOG2E, sm_scale, G=cache.group, D=cache.head_dim,
-        DP=pow2(max(cache.head_dim, 16)), BN=cfg.kv_bn, TILE=cfg.tile, STAGES=cfg.kv_stages,
-        LOAD_ACC=cache._load_acc, FP32_GRADS=cfg.fp32_grads, PORTABLE=INTERPRET, num_warps=cfg.kv_warps)
+    _DKDV((cache.kv_heads, work.shape[0]),
+          [cache.k, cache.v, cache.q, cache.do, cache.lse, cache.delta, cache.dk, cache.dv, work, cache.heads,
+           cache.kv_heads, cache.total, sm_scale * LOG2E, sm_scale],
+          {"G": cache.group, "D": cache.head_dim, "DP": pow2(max(cache.head_dim, 16)), "BN": cfg.kv_bn,
+           "TILE": cfg.tile, "STAGES": cfg.kv_stages, "LOAD_ACC": cache._load_acc, "FP32_GRADS": cfg.fp32_grads,
+           "PORTABLE": INTERPRET}, num_warps=cfg.kv_warps)
 
 
 class AttentionCache(host.HostAttentionCache):

@@ -1,0 +1,131 @@
+"""The Triton family's launch path: a compiled specialisation called through Triton's own C launcher directly.
+
+Why: on the H200's host a launch through ``kernel[grid](...)`` or ``compiled[grid](...)`` costs ~50-80 us of
+Python (argument binding and hashing, a runner closure per call, device and stream lookups through the driver
+proxy, two scratch allocators, ``data_ptr()`` and ``cuPointerGetAttribute`` per tensor inside the launcher),
+against ~7 us for a CUDA C++ launch through pybind11; a small-M GEMM or a norm backward is host-bound by it.
+
+``FastLaunch`` compiles a specialisation through the jit function once (Triton's normal path: compilation,
+caching, checks), keeps the compiled kernel, and from then on calls its C launcher with the same arguments
+Triton would pass, resolved once: the function handle, the packed metadata, the cooperative / PDL flags; the
+stream is torch's current raw stream; tensors go in as their device addresses (read once per call, also for the
+specialisation key). Same kernel, same grid, same arguments: the same bits. The direct call is taken only where
+it is exactly what Triton would do: no launch hooks set (profilers such as proton set them), no global or
+profile scratch to allocate; otherwise the compiled kernel's own runner runs. Under the interpreter, or with
+GRADSWEEP_FAST_LAUNCH=0, every launch is a plain ``kernel[grid](...)``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+# Read once at import, as _common.INTERPRET is (TRITON_INTERPRET must be set before import).
+FAST_LAUNCH = os.environ.get("GRADSWEEP_FAST_LAUNCH", "1") == "1" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def launch_spec(args) -> tuple:
+    """What Triton specialises a launch on: tensor dtype and 16-byte alignment; ints == 1, % 16, width."""
+    return _bind(args)[0]
+
+
+def _bind(args) -> tuple[tuple, list]:
+    """(specialisation key, launcher arguments): a tensor becomes its device address (once per call)."""
+    spec: list = []
+    out: list = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if not a.is_cuda:
+                raise ValueError(f"a Triton kernel got a tensor on {a.device}; its arguments must be on the GPU")
+            ptr = a.data_ptr()
+            spec.append((a.dtype, ptr % 16 == 0))
+            out.append(ptr)
+            continue
+        if isinstance(a, bool) or a is None:
+            spec.append(a)
+        elif isinstance(a, int):
+            spec.append((a == 1, a % 16 == 0, -(2 ** 31) <= a < 2 ** 31, a < 2 ** 63))
+        else:
+            spec.append(type(a))
+        out.append(a)
+    return tuple(spec), out
+
+
+class Direct:
+    """One compiled specialisation and everything its C launcher needs except grid, stream and arguments.
+
+    ``launch`` is None where the direct call would not be what Triton does (scratch to allocate, or a Triton
+    without the attributes read here): then the compiled kernel's runner launches.
+    """
+
+    __slots__ = ("compiled", "head", "launch", "tail")
+
+    def __init__(self, compiled, const_values: tuple) -> None:
+        self.compiled, self.tail = compiled, const_values
+        run = compiled.run  # Triton's CudaLauncher (loads the module and function handles on first access)
+        try:
+            plain = run.global_scratch_size == 0 and run.profile_scratch_size == 0
+            self.launch = run.launch if plain else None
+            self.head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                         compiled.packed_metadata, None, None, None)
+        except AttributeError:  # another Triton's launcher: its runner only
+            self.launch, self.head = None, ()
+
+    def __call__(self, grid: tuple[int, int, int], args: list, hooks: bool) -> None:
+        if self.launch is None or hooks:
+            self.compiled[grid](*args, *self.tail)
+            return
+        stream = _raw_stream(_device())
+        self.launch(grid[0], grid[1], grid[2], stream, *self.head, *args, *self.tail)
+
+
+def _device() -> int:
+    return torch._C._cuda_getDevice()
+
+
+def _raw_stream(device: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+def _hook_set(hook) -> bool:
+    """A launch hook that would run: Triton 3.6 keeps an always-present HookChain (set = it holds calls);
+    older releases keep None or a function."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return calls is None or len(calls) > 0
+
+
+def _hooks_set() -> bool:
+    rt = triton.knobs.runtime
+    return _hook_set(rt.launch_enter_hook) or _hook_set(rt.launch_exit_hook)
+
+
+class FastLaunch:
+    """Launches of one jit kernel (see the module docstring). Constexpr parameters must come after every
+    runtime parameter (they are passed positionally)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        params = getattr(fn, "params", None) or []
+        self.const_names = [p.name for p in params if p.is_constexpr]
+        flags = [p.is_constexpr for p in params]
+        if flags and flags != sorted(flags):
+            raise ValueError(f"FastLaunch: {getattr(fn, '__name__', fn)} has a runtime parameter after a constexpr")
+        self.compiled: dict[tuple, Direct] = {}
+
+    def __call__(self, grid: tuple[int, ...], args: list, consts: dict, num_warps: int, num_stages: int = 3) -> None:
+        if not FAST_LAUNCH:
+            self.fn[grid](*args, **consts, num_warps=num_warps, num_stages=num_stages)
+            return
+        g = (*grid, 1, 1)[:3]
+        spec, bound = _bind(args)
+        key = (tuple(consts.items()), num_warps, num_stages, spec)
+        direct = self.compiled.get(key)
+        if direct is None:
+            compiled = self.fn[g](*args, **consts, num_warps=num_warps, num_stages=num_stages)
+            self.compiled[key] = Direct(compiled, tuple(consts[n] for n in self.const_names))
+            return
+        direct(g, bound, _hooks_set())

@@ -1,0 +1,156 @@
+"""The Triton family's direct launch path (``triton_kernels._launch``): after the first launch of a specialisation
+the compiled kernel's C launcher gets exactly the arguments Triton's runner would give it; the runner runs
+instead where the direct call would differ (launch hooks set, scratch to allocate); a new specialisation
+compiles again. CPU tests drive it with a fake jit function and compiled kernel; the GPU test compares its
+bits with a plain launch of a real kernel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from gradsweep.triton_kernels import _launch
+
+
+@dataclass
+class _Param:
+    name: str
+    is_constexpr: bool
+
+
+@dataclass
+class _Launcher:
+    calls: list
+    global_scratch_size: int = 0
+    profile_scratch_size: int = 0
+    launch_cooperative_grid: bool = False
+    launch_pdl: bool = True
+
+    def launch(self, *args) -> None:
+        self.calls.append(("direct", args))
+
+
+@dataclass
+class _Compiled:
+    calls: list
+    scratch: int = 0
+    function: int = 0xF00
+    packed_metadata: tuple = (4, 1, 2048)
+    run: _Launcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.run = _Launcher(self.calls, global_scratch_size=self.scratch)
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append(("runner", grid, args))
+
+
+class _Jit:
+    """A jit function with two runtime parameters and one constexpr; ``fn[grid](...)`` compiles."""
+
+    params = (_Param("a", False), _Param("n", False), _Param("BLOCK", True))
+
+    def __init__(self, scratch: int = 0) -> None:
+        self.calls: list = []
+        self.scratch = scratch
+
+    def __getitem__(self, grid):
+        def compile_and_launch(*args, **kwargs):
+            self.calls.append(("compile", grid, args, kwargs))
+            return _Compiled(self.calls, self.scratch)
+        return compile_and_launch
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    monkeypatch.setattr(_launch, "FAST_LAUNCH", True)
+    monkeypatch.setattr(_launch, "_device", lambda: 3)
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 1000 + device)
+    monkeypatch.setattr(_launch, "_hooks_set", lambda: False)
+
+
+def test_second_launch_calls_the_c_launcher_with_the_runners_arguments(fast) -> None:
+    fn = _Jit()
+    launch = _launch.FastLaunch(fn)
+    launch((5,), [7.5, 32], {"BLOCK": 64}, num_warps=4)
+    launch((6, 2), [2.5, 48], {"BLOCK": 64}, num_warps=4)
+    assert fn.calls[0] == ("compile", (5, 1, 1), (7.5, 32), {"BLOCK": 64, "num_warps": 4, "num_stages": 3})
+    # grid, stream of the current device, function, cooperative, pdl, two scratch, metadata, launch metadata,
+    # two hooks, then the arguments and the constexpr values in parameter order
+    assert fn.calls[1] == ("direct", (6, 2, 1, 1003, 0xF00, False, True, None, None, (4, 1, 2048), None, None, None,
+                                      2.5, 48, 64))
+    assert len(fn.calls) == 2
+
+
+def test_a_new_specialisation_compiles_again(fast) -> None:
+    fn = _Jit()
+    launch = _launch.FastLaunch(fn)
+    launch((1,), [1.0, 32], {"BLOCK": 64}, num_warps=4)
+    launch((1,), [1.0, 1], {"BLOCK": 64}, num_warps=4)        # n == 1: Triton specialises on it
+    launch((1,), [1.0, 33], {"BLOCK": 64}, num_warps=4)       # n % 16 != 0
+    launch((1,), [1.0, 32], {"BLOCK": 128}, num_warps=4)      # another constexpr
+    launch((1,), [1.0, 32], {"BLOCK": 64}, num_warps=8)       # other warps
+    assert [c[0] for c in fn.calls] == ["compile"] * 5
+    launch((1,), [2.0, 64], {"BLOCK": 64}, num_warps=4)       # the first specialisation again
+    assert fn.calls[-1][0] == "direct"
+
+
+def test_hooks_or_scratch_take_the_runner(fast, monkeypatch) -> None:
+    fn = _Jit(scratch=256)
+    launch = _launch.FastLaunch(fn)
+    launch((2,), [1.0, 16], {"BLOCK": 64}, num_warps=4)
+    launch((2,), [1.0, 16], {"BLOCK": 64}, num_warps=4)
+    assert fn.calls[-1] == ("runner", (2, 1, 1), (1.0, 16, 64))
+    fn = _Jit()
+    launch = _launch.FastLaunch(fn)
+    launch((2,), [1.0, 16], {"BLOCK": 64}, num_warps=4)
+    monkeypatch.setattr(_launch, "_hooks_set", lambda: True)
+    launch((2,), [1.0, 16], {"BLOCK": 64}, num_warps=4)
+    assert fn.calls[-1] == ("runner", (2, 1, 1), (1.0, 16, 64))
+
+
+def test_hook_detection_reads_tritons_hook_chains() -> None:
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+    assert not _launch._hook_set(None)
+    assert not _launch._hook_set(Chain([]))
+    assert _launch._hook_set(Chain([print]))
+    assert _launch._hook_set(print)  # a plain hook function (older Triton)
+
+
+def test_a_tensor_off_the_gpu_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="tensor on cpu"):
+        _launch._bind([torch.zeros(2), 3])
+
+
+def test_runtime_parameter_after_a_constexpr_is_refused() -> None:
+    class Bad(_Jit):
+        params = (_Param("BLOCK", True), _Param("n", False))
+    with pytest.raises(ValueError, match="runtime parameter after a constexpr"):
+        _launch.FastLaunch(Bad())
+
+
+@pytest.mark.gpu
+def test_gpu_direct_launch_bits_equal_a_plain_launch() -> None:
+    if not torch.cuda.is_available() or not _launch.FAST_LAUNCH:
+        pytest.skip("needs a CUDA GPU and the direct launch path")
+    from gradsweep.triton_kernels._common import FOLD_BLOCK, _fold_kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    part = torch.randn(37, 1000, generator=gen, device="cuda")
+    start = torch.randn(1000, generator=gen, device="cuda")
+    plain = start.clone()
+    grid = ((1000 + FOLD_BLOCK - 1) // FOLD_BLOCK,)
+    _fold_kernel[grid](part, plain, 37, 1000, BLOCK=FOLD_BLOCK, UNROLL=8, num_warps=1)
+    launch = _launch.FastLaunch(_fold_kernel)
+    outs = []
+    for _ in range(3):  # compile, then two direct launches
+        acc = start.clone()
+        launch(grid, [part, acc, 37, 1000], {"BLOCK": FOLD_BLOCK, "UNROLL": 8}, num_warps=1)
+        outs.append(acc)
+    assert len(launch.compiled) == 1
+    for acc in outs:
+        assert torch.equal(acc.view(torch.int32), plain.view(torch.int32))
