@@ -374,6 +374,23 @@ def _layout(lengths_bytes: bytes, tile: int) -> _Layout:
 
 _TRANSITIONS: OrderedDict = OrderedDict()
 TRANSITION_SLOTS = 512
+TRANSITION_BYTES = 64 << 20  # device memory the cached staging indices may hold (the newest entry is kept)
+_TRANSITION_NBYTES: dict = {}  # key -> bytes of device memory its entry holds (staging indices only)
+
+
+def _store_transition(key: tuple, entry: tuple, nbytes: int = 0) -> None:
+    """Cache a transition, least recently used out first: at most TRANSITION_SLOTS entries and TRANSITION_BYTES
+    of cached staging indices."""
+    _TRANSITIONS[key] = entry
+    _TRANSITIONS.move_to_end(key)
+    _TRANSITION_NBYTES.pop(key, None)
+    if nbytes:
+        _TRANSITION_NBYTES[key] = nbytes
+    held = sum(_TRANSITION_NBYTES.values())
+    while _TRANSITIONS and (len(_TRANSITIONS) > TRANSITION_SLOTS or (held > TRANSITION_BYTES > 0
+                                                                      and len(_TRANSITIONS) > 1)):
+        old, _ = _TRANSITIONS.popitem(last=False)
+        held -= _TRANSITION_NBYTES.pop(old, 0)
 
 
 _POSITIONS: OrderedDict = OrderedDict()
@@ -410,6 +427,7 @@ def clear_plan_caches() -> None:
     """Forget every cached layout, transition and position table (benchmarks of the cold plan; tests)."""
     _layout.cache_clear()
     _TRANSITIONS.clear()
+    _TRANSITION_NBYTES.clear()
     _POSITIONS.clear()
 
 
@@ -442,6 +460,7 @@ class CanonicalFold:
         self._free: list[int] = []
         self._stage: tuple[torch.Tensor, ...] | None = None
         self._stage_blocks = 0
+        self._path: tuple = ()  # the calls so far (see ``_follow``)
 
     @property
     def done(self) -> bool:
@@ -510,9 +529,42 @@ class CanonicalFold:
             return
         self._lo.flags.writeable = False  # shared with every fold that replays this transition
         self._hi.flags.writeable = False
-        _TRANSITIONS[key] = (self._lo, self._hi, self.cursor, result)
-        while len(_TRANSITIONS) > TRANSITION_SLOTS:
-            _TRANSITIONS.popitem(last=False)
+        _store_transition(key, (self._lo, self._hi, self.cursor, result))
+
+    # A call that stages or carries rows (or reads rows staged by an earlier call) also depends on the staging
+    # blocks, which depend on every earlier call of the step. The fold's whole state is a function of its layout
+    # and the sequence of calls it was given (runs, kind, whether it got row tensors; never the tensors' values),
+    # so such a call is cached under that sequence: replaying it sets the state after it, grows this fold's own
+    # staging tensors to the recorded capacity, runs the recorded staging copy on this call's tensors (the
+    # uploaded index reused) and returns the recorded descriptors.
+    def _follow(self, kind: str, runs: Runs, device: torch.device, tensors: tuple[torch.Tensor, ...]) -> tuple:
+        """Extend the fold's call sequence by this call; return its cache key."""
+        self._path = (self._path, kind, runs.key, str(device), len(tensors))
+        return ("sequence", self._layout_key, self._path)
+
+    def _replay_staged(self, key: tuple, tensors: tuple[torch.Tensor, ...]) -> tuple | None:
+        hit = _TRANSITIONS.get(key)
+        if hit is None:
+            return None
+        _TRANSITIONS.move_to_end(key)
+        lo, hi, cursor, block_of_tile, free, blocks, copy, result = hit
+        if blocks:
+            self._grow_stage(tensors, blocks)
+        if copy is not None:
+            assert self._stage is not None
+            _run_stage_copy(self._stage, tensors, copy)
+        self._lo, self._hi, self.cursor = lo, hi, cursor
+        self._block_of_tile = block_of_tile.copy()
+        self._free = list(free)
+        return result
+
+    def _remember_staged(self, key: tuple, copy: tuple | None, result: tuple) -> None:
+        self._lo.flags.writeable = False
+        self._hi.flags.writeable = False
+        blocks = self._stage_blocks if self._stage is not None else 0
+        nbytes = copy[1].numel() * copy[1].element_size() if copy is not None and copy[0] == "index" else 0
+        _store_transition(key, (self._lo, self._hi, self.cursor, self._block_of_tile.copy(), tuple(self._free),
+                                blocks, copy, result), nbytes)
 
     # ----------------------------------------------------------------------------------------------- staging
     def _stage_tensors(self, tensors: tuple[torch.Tensor, ...], blocks: int) -> tuple[torch.Tensor, ...]:
@@ -520,19 +572,26 @@ class CanonicalFold:
         if self._stage is not None and blocks <= self._stage_blocks:
             return self._stage
         cap = max(blocks, 2 * self._stage_blocks, 4)
+        self._free.extend(range(self._stage_blocks, cap))
+        return self._grow_stage(tensors, cap)
+
+    def _grow_stage(self, tensors: tuple[torch.Tensor, ...], cap: int) -> tuple[torch.Tensor, ...]:
+        """Staging tensors of ``cap`` blocks (contents kept; the free list is the caller's)."""
+        if self._stage is not None and cap <= self._stage_blocks:
+            return self._stage
         new = tuple(torch.empty((cap * self.tile, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in tensors)
         if self._stage is not None:
             for dst, src in zip(new, self._stage):
                 dst[: src.shape[0]].copy_(src)
-        self._free.extend(range(self._stage_blocks, cap))
         self._stage, self._stage_blocks = new, cap
         return new
 
     def _copy_to_stage(self, tensors: tuple[torch.Tensor, ...], piece_tile: np.ndarray, piece_lo: np.ndarray,
-                       piece_row: np.ndarray, piece_len: np.ndarray) -> None:
-        """Copy the pieces' rows into their tiles' staging blocks (a block per tile, allocated on first use)."""
+                       piece_row: np.ndarray, piece_len: np.ndarray) -> tuple | None:
+        """Copy the pieces' rows into their tiles' staging blocks (a block per tile, allocated on first use);
+        return the copy as ``_stage_copy`` describes it (None: nothing copied)."""
         if not len(piece_tile) or not tensors:
-            return
+            return None
         tiles = _sorted_unique(piece_tile)
         fresh = tiles[self._block_of_tile[tiles] < 0]
         if len(fresh) > len(self._free):
@@ -542,7 +601,9 @@ class CanonicalFold:
         self._block_of_tile[fresh] = self._free[:len(fresh)]  # lowest blocks first
         del self._free[:len(fresh)]
         dst0 = self._block_of_tile[piece_tile] * self.tile + piece_lo % self.tile
-        _stage_rows(stage, tensors, piece_row, dst0, piece_len)
+        copy = _stage_copy(piece_row, dst0, piece_len, tensors[0].device)
+        _run_stage_copy(stage, tensors, copy)
+        return copy
 
     # ------------------------------------------------------------------------------------------------- takes
     def _check_tensors(self, rows: RowIdentity, tensors: tuple[torch.Tensor, ...]) -> None:
@@ -601,9 +662,15 @@ class CanonicalFold:
         device = tensors[0].device if tensors else torch.device("cpu")
         c0, tile = self.cursor, self.tile
         key = self._transition_key("tiles", runs, device)
+        seq = self._follow("tiles", runs, device, tensors)
         hit = self._replay(key)
         if hit is not None:
             return TileStep(hit[0], hit[1], tensors, 0, c0, tile, hit[2])
+        hit = self._replay_staged(seq, tensors)
+        if hit is not None:
+            desc_dev, desc, stage_rows, in_place = hit
+            stage = self._stage if (self._stage is not None and stage_rows) else tensors
+            return TileStep(desc_dev, desc, stage, stage_rows, c0, tile, in_place)
         if c0 == 0 and self._lo is self._layout.lo:  # nothing received yet: maybe the whole step in one call
             whole = self._layout.whole_step(runs)
             if whole is not None:
@@ -620,12 +687,13 @@ class CanonicalFold:
         else:
             desc, direct, in_place = np.empty((0, 2), dtype=np.int32), np.zeros(0, dtype=bool), 0
         stage_rows = 0
+        copy = None
         if in_place < runs.total:  # some rows of this call are carried or staged
             piece_tile, piece_lo, piece_row, piece_len = self._pieces(slot0, slot1, row0)
             keep = piece_tile >= c1
             if n_ready:
                 keep |= ~direct[np.minimum(piece_tile - c0, n_ready - 1)]
-            self._copy_to_stage(tensors, piece_tile[keep], piece_lo[keep], piece_row[keep], piece_len[keep])
+            copy = self._copy_to_stage(tensors, piece_tile[keep], piece_lo[keep], piece_row[keep], piece_len[keep])
         if n_ready:
             blocks = self._release(c0, c1)
             if not direct.all():
@@ -635,8 +703,10 @@ class CanonicalFold:
             self.cursor = c1
         stage = self._stage if (self._stage is not None and stage_rows) else tensors
         step = TileStep(upload(desc, device), desc, stage, stage_rows, c0, tile, in_place)
-        if in_place == runs.total:  # nothing staged or carried: the same call from the same state replays this
+        if in_place == runs.total and key is not None:  # nothing staged, carried or waiting: keyed by the state
             self._remember(key, (step.desc, desc, in_place))
+        else:
+            self._remember_staged(seq, copy, (step.desc, desc, stage_rows, in_place))
         return step
 
     def _take_whole_step(self, row0: np.ndarray, runs: Runs, tensors: tuple[torch.Tensor, ...], key: tuple | None,
@@ -663,16 +733,22 @@ class CanonicalFold:
         runs = rows.runs
         device = tensors[0].device if tensors else torch.device("cpu")
         key = self._transition_key("rows", runs, device)
+        seq = self._follow("rows", runs, device, tensors)
         c0 = self.cursor
         hit = self._replay(key)
         if hit is not None:
             return FoldStep(hit, tensors, c0)
+        hit = self._replay_staged(seq, tensors)
+        if hit is not None:
+            plan, n_stage = hit
+            return FoldStep(plan, self._with_stage(tensors, n_stage), c0)
         slot0, slot1 = self._register(runs)
         c1, tile = self._advance(), self.tile
         n_ready = c1 - c0
         piece_tile, piece_lo, piece_row, piece_len = self._pieces(slot0, slot1, runs.row0)
         ready = piece_tile < c1
-        self._copy_to_stage(tensors, piece_tile[~ready], piece_lo[~ready], piece_row[~ready], piece_len[~ready])
+        copy = self._copy_to_stage(tensors, piece_tile[~ready], piece_lo[~ready], piece_row[~ready],
+                                   piece_len[~ready])
         blocks = self._release(c0, c1)
         n_stage = int(blocks.max() + 1) * tile if n_ready and (blocks >= 0).any() else 0
         j = np.arange(tile)
@@ -682,14 +758,19 @@ class CanonicalFold:
         plan.reshape(-1)[np.repeat(piece_lo[ready] - c0 * tile, piece_len[ready]) + rel] = (
             n_stage + np.repeat(piece_row[ready], piece_len[ready]) + rel)
         plan[j[None, :] >= self.expected_rows(c0, n_ready)[:, None]] = -1
-        source = tensors
-        if n_stage:
-            assert self._stage is not None
-            source = tuple(torch.cat([st[:n_stage], t]) for st, t in zip(self._stage, tensors))
-        step = FoldStep(upload(plan.astype(np.int32), device), source, c0)
-        if ready.all() and not n_stage:  # nothing staged, carried or read from staging: replayable
+        step = FoldStep(upload(plan.astype(np.int32), device), self._with_stage(tensors, n_stage), c0)
+        if ready.all() and not n_stage and key is not None:  # nothing staged, carried or read from staging
             self._remember(key, step.plan)
+        else:
+            self._remember_staged(seq, copy, (step.plan, n_stage))
         return step
+
+    def _with_stage(self, tensors: tuple[torch.Tensor, ...], n_stage: int) -> tuple[torch.Tensor, ...]:
+        """The row tensors of a ``take`` step: the first ``n_stage`` staging rows, then the call's rows."""
+        if not n_stage:
+            return tensors
+        assert self._stage is not None
+        return tuple(torch.cat([st[:n_stage], t]) for st, t in zip(self._stage, tensors))
 
     def finish(self) -> torch.Tensor:
         """Check that every token was folded and return the main grad."""
@@ -707,20 +788,23 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
     return np.unique(a)
 
 
-def _stage_rows(stage: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...], src0: np.ndarray,
-                dst0: np.ndarray, length: np.ndarray) -> None:
-    """stage[dst0[i] + j] = tensor[src0[i] + j] for j < length[i], for every staging tensor and its row tensor.
-
-    One slice copy for one piece, else one uploaded [2, rows] index for every tensor. (Measured on the H200 host:
-    slice copies of a chunked call's ~25 stretches through ``torch._foreach_copy_`` cost 2x the index path, the
-    slicing itself being ~2 us per view.)"""
+def _stage_copy(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray, device: torch.device) -> tuple:
+    """The copy stage[dst0[i] + j] = tensor[src0[i] + j] for j < length[i] (every staging tensor and its row
+    tensor): ``("slice", dst, src, rows)`` for one piece, else ``("index", [2, rows] index on the device)``, one
+    upload for every tensor. (Measured on the H200 host: slice copies of a chunked call's ~25 stretches through
+    ``torch._foreach_copy_`` cost 2x the index path, the slicing itself being ~2 us per view.)"""
     if len(length) == 1:  # one slice: no index upload
-        d, r, n = int(dst0[0]), int(src0[0]), int(length[0])
+        return ("slice", int(dst0[0]), int(src0[0]), int(length[0]))
+    return ("index", upload(_piece_rows(src0, dst0, length), device))
+
+
+def _run_stage_copy(stage: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...], copy: tuple) -> None:
+    if copy[0] == "slice":
+        _, d, r, n = copy
         for st, t in zip(stage, tensors):
             st[d:d + n].copy_(t[r:r + n])
         return
-    index = upload(_piece_rows(src0, dst0, length), tensors[0].device)  # one upload for every tensor
-    src, dst = index[0], index[1]  # source rows, staging rows
+    src, dst = copy[1][0], copy[1][1]  # source rows, staging rows
     for st, t in zip(stage, tensors):
         st.index_copy_(0, dst, t.index_select(0, src))
 

@@ -279,16 +279,103 @@ def test_replayed_transitions_give_the_computed_plans(kind, monkeypatch):
     monkeypatch.setattr(canonical, "TRANSITION_SLOTS", 4096)
     assert _step_digest(kind, 7, uploads=False) == computed  # kept (and replayed where a state repeats)
     hits.clear()
-    assert _step_digest(kind, 7, uploads=False) == computed  # replayed wherever the call stages nothing
+    assert _step_digest(kind, 7, uploads=False) == computed  # replayed: every call met before
     assert sum(hits) > 0
     key, entry = next(iter(canonical._TRANSITIONS.items()))  # plant: the oldest cached cursor moved by one tile
-    canonical._TRANSITIONS[key] = (entry[0], entry[1], max(entry[2] - 1, 0) if entry[2] else 1, entry[3])
+    canonical._TRANSITIONS[key] = (*entry[:2], max(entry[2] - 1, 0) if entry[2] else 1, *entry[3:])
     try:
         planted = _step_digest(kind, 7, uploads=False)
     except ValueError:  # the fold saw a tile never completed
         planted = None
     assert planted != computed
     canonical.clear_plan_caches()
+
+
+@pytest.mark.parametrize("kind", ["pieces", "runs", "rows", "table"])
+def test_staging_calls_replay_by_call_sequence(kind, monkeypatch):
+    """Calls that stage or carry rows (chunked steps) are cached by the fold's call sequence: a second pass with
+    fresh folds replays every call (state-keyed or sequence-keyed), staging copies included, and gives the bits
+    of the computed pass; a planted wrong staging copy in a replayed entry is seen."""
+    canonical.clear_plan_caches()
+    monkeypatch.setattr(canonical, "TRANSITION_SLOTS", 1 << 16)
+    served = {"state": 0, "sequence": 0, "computed": 0}
+    real_state, real_seq, real_remember = CanonicalFold._replay, CanonicalFold._replay_staged, \
+        CanonicalFold._remember_staged
+
+    def by_state(self, key):
+        out = real_state(self, key)
+        served["state"] += out is not None
+        return out
+
+    def by_sequence(self, key, tensors):
+        out = real_seq(self, key, tensors)
+        served["sequence"] += out is not None
+        return out
+
+    def computed(self, key, copy, result):
+        served["computed"] += 1
+        return real_remember(self, key, copy, result)
+
+    monkeypatch.setattr(CanonicalFold, "_replay", by_state)
+    monkeypatch.setattr(CanonicalFold, "_replay_staged", by_sequence)
+    monkeypatch.setattr(CanonicalFold, "_remember_staged", computed)
+    first = _step_digest(kind, 11, uploads=False)
+    assert served["computed"] > 0  # chunked trials staged rows
+    for k in served:
+        served[k] = 0
+    assert _step_digest(kind, 11, uploads=False) == first
+    assert served["computed"] == 0 and served["sequence"] > 0
+    planted = 0
+    for key, entry in canonical._TRANSITIONS.items():  # plant: every recorded index copy reads its rows reversed
+        if key[0] == "sequence" and entry[6] is not None and entry[6][0] == "index" and entry[6][1].shape[1] > 1:
+            index = entry[6][1].clone()
+            index[0] = index[0].flip(0)
+            canonical._TRANSITIONS[key] = (*entry[:6], ("index", index), entry[7])
+            planted += 1
+    assert planted
+    assert _step_digest(kind, 11, uploads=False) != first
+    canonical.clear_plan_caches()
+
+
+def test_chunked_bench_step_replays_every_call() -> None:
+    """The fold_plan bench's chunked step (16384 rows, every sample in three calls): the next fold of the step
+    replays all three calls, with the descriptors and staged rows of the computed fold."""
+    canonical.clear_plan_caches()
+    case = next(c for c in cases(False) if c.name == "chunked")
+    lengths = [int(n) for n in case.lengths]
+    cuts = [_thirds(n) for n in lengths]
+    calls = [[(s, sum(c[:k]), c[k]) for s, c in enumerate(cuts) if c[k] > 0] for k in range(3)]
+    got = []
+    for _ in range(2):
+        d = _Digest()
+        fold = CanonicalFold(torch.zeros(2), lengths, 64)
+        for k, call in enumerate(calls):
+            rows = _as_packed(call)
+            _add_tile_step(d, fold, rows, _tensors(rows, k))
+        assert fold.done
+        got.append(d.hex())
+    assert got[0] == got[1]
+    assert sum(key[0] == "sequence" for key in canonical._TRANSITIONS) == 3  # recorded once, then replayed
+    canonical.clear_plan_caches()
+
+
+def test_transition_cache_is_bounded_by_entries_and_index_bytes(monkeypatch) -> None:
+    """Cached transitions are dropped least recently used first: past TRANSITION_SLOTS entries, or past
+    TRANSITION_BYTES of cached staging indices (the newest entry stays whatever its size)."""
+    canonical.clear_plan_caches()
+    monkeypatch.setattr(canonical, "TRANSITION_SLOTS", 3)
+    monkeypatch.setattr(canonical, "TRANSITION_BYTES", 1000)
+    for k in range(5):
+        canonical._store_transition(("k", k), (k,))
+    assert list(canonical._TRANSITIONS) == [("k", 2), ("k", 3), ("k", 4)]
+    canonical._store_transition(("i", 0), (0,), 600)
+    assert list(canonical._TRANSITIONS) == [("k", 3), ("k", 4), ("i", 0)]
+    canonical._store_transition(("i", 1), (1,), 600)  # 1200 bytes held: the oldest go until under the bound
+    assert list(canonical._TRANSITIONS) == [("i", 1)] and canonical._TRANSITION_NBYTES == {("i", 1): 600}
+    canonical._store_transition(("i", 2), (2,), 5000)
+    assert list(canonical._TRANSITIONS) == [("i", 2)]
+    canonical.clear_plan_caches()
+    assert not canonical._TRANSITIONS and not canonical._TRANSITION_NBYTES
 
 
 if __name__ == "__main__":  # print the digests (to record them after a deliberate change of the plans)
