@@ -101,6 +101,19 @@ def test_a_new_specialisation_compiles_again(fast) -> None:
     assert fn.calls[-1][0] == "direct"
 
 
+def test_another_device_compiles_its_own(fast, monkeypatch) -> None:
+    """A compiled kernel's function handle belongs to the device it was loaded on: a launch with another current
+    device compiles (loads) again, and each device's launches use that device's stream."""
+    fn = _Jit()
+    launch = _launch.FastLaunch(fn)
+    launch((1,), [1.0, 32], {"BLOCK": 64}, num_warps=4)
+    monkeypatch.setattr(_launch, "_device", lambda: 5)
+    launch((1,), [1.0, 32], {"BLOCK": 64}, num_warps=4)
+    assert [c[0] for c in fn.calls] == ["compile", "compile"]
+    launch((1,), [1.0, 32], {"BLOCK": 64}, num_warps=4)
+    assert fn.calls[-1][0] == "direct" and fn.calls[-1][1][3] == 1005
+
+
 def test_hooks_or_scratch_take_the_runner(fast, monkeypatch) -> None:
     fn = _Jit(scratch=256)
     launch = _launch.FastLaunch(fn)

@@ -73,12 +73,11 @@ class Direct:
         except AttributeError:  # another Triton's launcher: its runner only
             self.launch, self.head = None, ()
 
-    def __call__(self, grid: tuple[int, int, int], args: list, hooks: bool) -> None:
+    def __call__(self, grid: tuple[int, int, int], args: list, hooks: bool, device: int) -> None:
         if self.launch is None or hooks:
             self.compiled[grid](*args, *self.tail)
             return
-        stream = _raw_stream(_device())
-        self.launch(grid[0], grid[1], grid[2], stream, *self.head, *args, *self.tail)
+        self.launch(grid[0], grid[1], grid[2], _raw_stream(device), *self.head, *args, *self.tail)
 
 
 def _device() -> int:
@@ -122,10 +121,11 @@ class FastLaunch:
             return
         g = (*grid, 1, 1)[:3]
         spec, bound = _bind(args)
-        key = (tuple(consts.items()), num_warps, num_stages, spec)
+        device = _device()  # a compiled kernel's function handle belongs to the device it was loaded on
+        key = (device, tuple(consts.items()), num_warps, num_stages, spec)
         direct = self.compiled.get(key)
         if direct is None:
             compiled = self.fn[g](*args, **consts, num_warps=num_warps, num_stages=num_stages)
             self.compiled[key] = Direct(compiled, tuple(consts[n] for n in self.const_names))
             return
-        direct(g, bound, _hooks_set())
+        direct(g, bound, _hooks_set(), device)
