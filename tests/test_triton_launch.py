@@ -123,9 +123,16 @@ def test_hooks_or_scratch_take_the_runner(fast, monkeypatch) -> None:
     fn = _Jit()
     launch = _launch.FastLaunch(fn)
     launch((2,), [1.0, 16], {"BLOCK": 64}, num_warps=4)
+    # the bound arguments marked: the runner gets the arguments as given (a hook's metadata may read tensors),
+    # the C launcher the bound ones
+    real_bind = _launch._bind
+    monkeypatch.setattr(_launch, "_bind", lambda args: (real_bind(args)[0], ["address", *args[1:]]))
     monkeypatch.setattr(_launch, "_hooks_set", lambda: True)
     launch((2,), [1.0, 16], {"BLOCK": 64}, num_warps=4)
     assert fn.calls[-1] == ("runner", (2, 1, 1), (1.0, 16, 64))
+    monkeypatch.setattr(_launch, "_hooks_set", lambda: False)
+    launch((2,), [1.0, 16], {"BLOCK": 64}, num_warps=4)
+    assert fn.calls[-1][0] == "direct" and fn.calls[-1][1][13:] == ("address", 16, 64)
 
 
 def test_hook_detection_reads_tritons_hook_chains() -> None:

@@ -73,11 +73,12 @@ class Direct:
         except AttributeError:  # another Triton's launcher: its runner only
             self.launch, self.head = None, ()
 
-    def __call__(self, grid: tuple[int, int, int], args: list, hooks: bool, device: int) -> None:
+    def __call__(self, grid: tuple[int, int, int], args: list, bound: list, hooks: bool, device: int) -> None:
+        """``args`` as given (what a hook's launch metadata may read), ``bound`` with tensors as addresses."""
         if self.launch is None or hooks:
             self.compiled[grid](*args, *self.tail)
             return
-        self.launch(grid[0], grid[1], grid[2], _raw_stream(device), *self.head, *args, *self.tail)
+        self.launch(grid[0], grid[1], grid[2], _raw_stream(device), *self.head, *bound, *self.tail)
 
 
 def _device() -> int:
@@ -128,4 +129,4 @@ class FastLaunch:
             compiled = self.fn[g](*args, **consts, num_warps=num_warps, num_stages=num_stages)
             self.compiled[key] = Direct(compiled, tuple(consts[n] for n in self.const_names))
             return
-        direct(g, bound, _hooks_set(), device)
+        direct(g, args, bound, _hooks_set(), device)
