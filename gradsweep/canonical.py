@@ -378,19 +378,24 @@ TRANSITION_BYTES = 64 << 20  # device memory the cached staging indices may hold
 _TRANSITION_NBYTES: dict = {}  # key -> bytes of device memory its entry holds (staging indices only)
 
 
+def _evict_lru(cache: OrderedDict, nbytes: dict, slots: int, budget: int) -> None:
+    """Drop least recently used entries while there are more than ``slots`` of them or they hold more than
+    ``budget`` bytes of device memory (``nbytes``: key -> bytes, entries of no size absent); the newest entry
+    stays whatever its size."""
+    held = sum(nbytes.values())
+    while cache and (len(cache) > slots or (held > budget and len(cache) > 1)):
+        old, _ = cache.popitem(last=False)
+        held -= nbytes.pop(old, 0)
+
+
 def _store_transition(key: tuple, entry: tuple, nbytes: int = 0) -> None:
-    """Cache a transition, least recently used out first: at most TRANSITION_SLOTS entries and TRANSITION_BYTES
-    of cached staging indices."""
+    """Cache a transition: at most TRANSITION_SLOTS entries and TRANSITION_BYTES of cached staging indices."""
     _TRANSITIONS[key] = entry
     _TRANSITIONS.move_to_end(key)
     _TRANSITION_NBYTES.pop(key, None)
     if nbytes:
         _TRANSITION_NBYTES[key] = nbytes
-    held = sum(_TRANSITION_NBYTES.values())
-    while _TRANSITIONS and (len(_TRANSITIONS) > TRANSITION_SLOTS or (held > TRANSITION_BYTES > 0
-                                                                      and len(_TRANSITIONS) > 1)):
-        old, _ = _TRANSITIONS.popitem(last=False)
-        held -= _TRANSITION_NBYTES.pop(old, 0)
+    _evict_lru(_TRANSITIONS, _TRANSITION_NBYTES, TRANSITION_SLOTS, TRANSITION_BYTES)
 
 
 _POSITIONS: OrderedDict = OrderedDict()
@@ -416,10 +421,8 @@ def device_positions(rows: RowIdentity, device: torch.device) -> torch.Tensor:
         _POSITIONS.move_to_end(key)
         return hit
     out = _POSITIONS[key] = upload(rows.position, device)
-    held = sum(t.numel() * t.element_size() for t in _POSITIONS.values())
-    while len(_POSITIONS) > 1 and (len(_POSITIONS) > POSITION_SLOTS or held > POSITION_BYTES):
-        _, old = _POSITIONS.popitem(last=False)
-        held -= old.numel() * old.element_size()
+    sizes = {k: t.numel() * t.element_size() for k, t in _POSITIONS.items()}
+    _evict_lru(_POSITIONS, sizes, POSITION_SLOTS, POSITION_BYTES)
     return out
 
 

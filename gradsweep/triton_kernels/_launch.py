@@ -26,13 +26,9 @@ import triton
 FAST_LAUNCH = os.environ.get("GRADSWEEP_FAST_LAUNCH", "1") == "1" and os.environ.get("TRITON_INTERPRET") != "1"
 
 
-def launch_spec(args) -> tuple:
-    """What Triton specialises a launch on: tensor dtype and 16-byte alignment; ints == 1, % 16, width."""
-    return _bind(args)[0]
-
-
 def _bind(args) -> tuple[tuple, list]:
-    """(specialisation key, launcher arguments): a tensor becomes its device address (once per call)."""
+    """(specialisation key, launcher arguments): a tensor becomes its device address (once per call). The key is
+    what Triton specialises a launch on: tensor dtype and 16-byte alignment; ints == 1, % 16, width."""
     spec: list = []
     out: list = []
     for a in args:
