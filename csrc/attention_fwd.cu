@@ -135,8 +135,9 @@ __device__ __forceinline__ void fwd_block(const bf16* sQ, const bf16* sK, const 
   }
 }
 
+// 8 warps: two blocks per SM (128 registers; without the bound 135 and one block).
 template <int DP, int WARPS, int MI>
-__global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 1) fwd_kernel(FwdParams p) {  // 8 warps: two blocks per SM
+__global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 1) fwd_kernel(FwdParams p) {
   using C = FwdCfg<DP, WARPS, MI>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);

@@ -67,19 +67,19 @@ PYBIND11_MODULE(_C, m) {
   m.attr("LLP_VCHUNK") = gs::kLlpVChunk;
 
   m.def("rms_norm_fwd", [](uintptr_t x, uintptr_t w, uintptr_t y, uintptr_t rstd, int64_t rows, int64_t hidden,
-                           float eps, int device, uintptr_t stream) {
+                           float eps, int device, uintptr_t stream, int warp_rows) {
     check_rows(rows, "rms_norm_fwd");
     require(hidden >= 0 && hidden <= gs::kRmsMaxHidden, "rms_norm_fwd: hidden must be in [0, 32768]");
-    check(gs::rms_norm_fwd(x, w, y, rstd, rows, hidden, eps, device, stream), "rms_norm_fwd");
+    check(gs::rms_norm_fwd(x, w, y, rstd, rows, hidden, eps, device, stream, warp_rows), "rms_norm_fwd");
   }, py::arg("x"), py::arg("w"), py::arg("y"), py::arg("rstd"), py::arg("rows"), py::arg("hidden"),
-     py::arg("eps"), py::arg("device"), py::arg("stream"));
+     py::arg("eps"), py::arg("device"), py::arg("stream"), py::arg("warp_rows") = -1);
   m.def("rms_norm_bwd_dx", [](uintptr_t dy, uintptr_t x, uintptr_t w, uintptr_t rstd, uintptr_t dx, int64_t rows,
-                              int64_t hidden, int device, uintptr_t stream) {
+                              int64_t hidden, int device, uintptr_t stream, int warp_rows) {
     check_rows(rows, "rms_norm_bwd_dx");
     require(hidden >= 0 && hidden <= gs::kRmsMaxHidden, "rms_norm_bwd_dx: hidden must be in [0, 32768]");
-    check(gs::rms_norm_bwd_dx(dy, x, w, rstd, dx, rows, hidden, device, stream), "rms_norm_bwd_dx");
+    check(gs::rms_norm_bwd_dx(dy, x, w, rstd, dx, rows, hidden, device, stream, warp_rows), "rms_norm_bwd_dx");
   }, py::arg("dy"), py::arg("x"), py::arg("w"), py::arg("rstd"), py::arg("dx"), py::arg("rows"),
-     py::arg("hidden"), py::arg("device"), py::arg("stream"));
+     py::arg("hidden"), py::arg("device"), py::arg("stream"), py::arg("warp_rows") = -1);
   m.def("rms_norm_dw_tiles", [](uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
                                 uintptr_t rstd, uintptr_t partial, int64_t hidden, int device, uintptr_t stream) {
     check_rows(n_tiles, "rms_norm_dw_tiles");

@@ -28,10 +28,11 @@ std::string error_string(int code);  // "cudaErrorX (N): description"
 std::string build_arch_list();       // __CUDA_ARCH_LIST__ as compiled
 
 // rms_norm.cu
+// warp_rows: -1 picks the path (one warp per row for hidden <= 256), 0 / 1 force it (tests compare the bits).
 int rms_norm_fwd(uintptr_t x, uintptr_t w, uintptr_t y, uintptr_t rstd, int64_t rows, int64_t hidden,
-                 float eps, int device, uintptr_t stream);
+                 float eps, int device, uintptr_t stream, int warp_rows = -1);
 int rms_norm_bwd_dx(uintptr_t dy, uintptr_t x, uintptr_t w, uintptr_t rstd, uintptr_t dx, int64_t rows,
-                    int64_t hidden, int device, uintptr_t stream);
+                    int64_t hidden, int device, uintptr_t stream, int warp_rows = -1);
 int rms_norm_dw_tiles(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
                       uintptr_t rstd, uintptr_t partial, int64_t hidden, int device, uintptr_t stream);
 int fold_tiles(uintptr_t partial, int64_t n_tiles, uintptr_t main_grad, int64_t cols, int device,

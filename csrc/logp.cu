@@ -5,7 +5,8 @@
 // element loads otherwise: the same chunks and the same arithmetic either way, so a row whose alignment
 // differs between two layouts gets the same bits). Per thread an online log-sum-exp over its chunks in
 // order (rescale once per chunk; exponentials on the special-function unit, see add_chunk), then an xor
-// butterfly of (max, sum) pairs inside each warp and over the warps. The pair combine is symmetric in its operands, so every lane of a butterfly gets the same bits.
+// butterfly of (max, sum) pairs inside each warp and over the warps. The pair combine is symmetric in its
+// operands, so every lane of a butterfly gets the same bits.
 // Backward: dlogits[r, v] = g[r] (onehot(v == t_r) - exp(logits[r, v] - lse[r])), element-wise.
 // Targets outside [0, V) (e.g. -100 on pad rows) give logp 0 and a zero gradient.
 #include "common.cuh"

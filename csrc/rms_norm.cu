@@ -3,6 +3,11 @@
 // Forward and dx: one block per row; the block size depends on the hidden size only, and thread t owns
 // chunks t, t + blockDim, ... (8 elements each) whether they are read by 16-byte or scalar loads, so a
 // row's reduction order is a function of H alone, never of the number of rows or the alignment.
+// H <= 256 (at most 32 chunks: the block is one warp, lane t owns chunk t; QK-norm's heads): one warp per row
+// instead, several rows per warp and eight warps per block (a 32-thread block per row kept ~1 KB in flight per
+// SM: QK-norm ran at ~20% of copy bandwidth). The lane -> chunk map and the reduction are the block kernel's:
+// block_sum on one warp is the warp's xor butterfly, then the second butterfly adds the absent warps' zeros,
+// i.e. + 0.0f. So a row's bits are the same on either path (GPU test: tests/test_cuda_ops.py).
 // dweight (canonical protocol): kernel 1 sums each canonical tile of the plan, rows in slot order, one
 // thread per 8 columns (tiles in parallel: their sums are independent); kernel 2 loads main_grad and
 // adds the tile sums one after another in plan order, then stores it back.
@@ -17,6 +22,9 @@ constexpr int kTileThreads = 128;
 constexpr int kTileUnroll = 4;   // plan rows whose loads are in flight together
 constexpr int kFoldThreads = 128;
 constexpr int kFoldUnroll = 64;  // tile sums loaded ahead of their (sequential) adds (16 left the fold latency-bound)
+constexpr int kWarpRowsWarps = 8;   // warps per block of the one-warp-per-row kernels (H <= 256)
+constexpr int kWarpRowsUnroll = 4;  // rows a warp loads before it reduces them
+constexpr int64_t kWarpRowsMaxChunks = 32;
 
 int row_threads(int64_t hidden) {
   const int64_t nvec = (hidden + 7) / 8;
@@ -118,6 +126,104 @@ __global__ void __launch_bounds__(1024) rms_bwd_dx_kernel(const bf16* __restrict
   }
 }
 
+// block_sum on a one-warp block: the warp's butterfly, then + 0.0f (the second butterfly's absent warps).
+__device__ __forceinline__ float one_warp_block_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return __fadd_rn(v, 0.0f);
+}
+
+// rms_fwd_kernel for H <= 256 (one chunk per lane, lanes >= nvec hold zeros), one warp per row, kWarpRowsUnroll
+// consecutive rows per warp loaded before the first is reduced.
+template <bool ALIGNED>
+__global__ void __launch_bounds__(kWarpRowsWarps * 32) rms_fwd_warp_rows_kernel(
+    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ y, float* __restrict__ rstd_out,
+    int64_t rows, int64_t hidden, float eps) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarpRowsWarps + (threadIdx.x >> 5)) * kWarpRowsUnroll;
+  const bool mine = lane < (hidden + 7) / 8;
+  uint4 xv[kWarpRowsUnroll];
+#pragma unroll
+  for (int u = 0; u < kWarpRowsUnroll; ++u) {
+    const int64_t row = row0 + u;
+    xv[u] = mine && row < rows ? load_chunk<ALIGNED>(x + row * hidden, lane, hidden) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  float g[8];
+  unpack8(mine ? load_chunk<ALIGNED>(w, lane, hidden) : make_uint4(0u, 0u, 0u, 0u), g);
+#pragma unroll
+  for (int u = 0; u < kWarpRowsUnroll; ++u) {
+    const int64_t row = row0 + u;
+    if (row >= rows) break;  // warp-uniform
+    float f[8];
+    unpack8(xv[u], f);
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss = __fmaf_rn(f[e], f[e], ss);
+    ss = one_warp_block_sum(ss);
+    const float r = __frsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(hidden)), eps));
+    if (rstd_out != nullptr && lane == 0) rstd_out[row] = r;
+    if (mine) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(__fmul_rn(f[e], r), g[e]);
+      store_chunk<ALIGNED>(y + row * hidden, lane, hidden, pack8(f));
+    }
+  }
+}
+
+// rms_bwd_dx_kernel for H <= 256, one warp per row (as rms_fwd_warp_rows_kernel).
+template <bool ALIGNED>
+__global__ void __launch_bounds__(kWarpRowsWarps * 32) rms_bwd_dx_warp_rows_kernel(
+    const bf16* __restrict__ dy, const bf16* __restrict__ x, const bf16* __restrict__ w,
+    const float* __restrict__ rstd, bf16* __restrict__ dx, int64_t rows, int64_t hidden) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarpRowsWarps + (threadIdx.x >> 5)) * kWarpRowsUnroll;
+  const bool mine = lane < (hidden + 7) / 8;
+  uint4 xv[kWarpRowsUnroll], gv[kWarpRowsUnroll];
+  float r[kWarpRowsUnroll];
+#pragma unroll
+  for (int u = 0; u < kWarpRowsUnroll; ++u) {
+    const int64_t row = row0 + u;
+    const bool ok = mine && row < rows;
+    xv[u] = ok ? load_chunk<ALIGNED>(x + row * hidden, lane, hidden) : make_uint4(0u, 0u, 0u, 0u);
+    gv[u] = ok ? load_chunk<ALIGNED>(dy + row * hidden, lane, hidden) : make_uint4(0u, 0u, 0u, 0u);
+    r[u] = row < rows ? __ldg(rstd + row) : 0.0f;
+  }
+  float ww[8];
+  unpack8(mine ? load_chunk<ALIGNED>(w, lane, hidden) : make_uint4(0u, 0u, 0u, 0u), ww);
+#pragma unroll
+  for (int u = 0; u < kWarpRowsUnroll; ++u) {
+    const int64_t row = row0 + u;
+    if (row >= rows) break;  // warp-uniform
+    float f[8], g[8];
+    unpack8(xv[u], f);
+    unpack8(gv[u], g);
+    float c = 0.0f;
+    if (mine) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) c = __fmaf_rn(__fmul_rn(g[e], ww[e]), f[e], c);
+    }
+    c = one_warp_block_sum(c);
+    const float kf = __fmul_rn(__fmul_rn(__fdiv_rn(c, static_cast<float>(hidden)), r[u]), r[u]);
+    if (mine) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(r[u], __fmaf_rn(-f[e], kf, __fmul_rn(g[e], ww[e])));
+      store_chunk<ALIGNED>(dx + row * hidden, lane, hidden, pack8(f));
+    }
+  }
+}
+
+// Whether a call of H columns takes the one-warp-per-row kernels: warp_rows < 0 (auto) when H fits one warp's
+// chunks; 0 / 1 force a path (the GPU test compares their bits).
+bool use_warp_rows(int64_t hidden, int warp_rows) {
+  const bool fits = (hidden + 7) / 8 <= kWarpRowsMaxChunks;
+  return warp_rows < 0 ? fits : (warp_rows != 0 && fits);
+}
+
+dim3 warp_rows_grid(int64_t rows) {
+  constexpr int64_t per_block = static_cast<int64_t>(kWarpRowsWarps) * kWarpRowsUnroll;
+  return dim3(static_cast<unsigned>((rows + per_block - 1) / per_block));
+}
+
 // partial[t, :] = sum over j = 0 .. tile-1 (in that order) of dy[plan[t, j]] * (x[plan[t, j]] * rstd[plan[t, j]]),
 // rows with plan index -1 skipped (zero rows). blockIdx.x = tile, blockIdx.y * blockDim.x + threadIdx.x = chunk.
 template <bool ALIGNED>
@@ -197,7 +303,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_tiles_kernel(const float* _
 }  // namespace
 
 int rms_norm_fwd(uintptr_t x, uintptr_t w, uintptr_t y, uintptr_t rstd, int64_t rows, int64_t hidden, float eps,
-                 int device, uintptr_t stream) {
+                 int device, uintptr_t stream, int warp_rows) {
   if (rows == 0 || hidden == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
@@ -207,6 +313,16 @@ int rms_norm_fwd(uintptr_t x, uintptr_t w, uintptr_t y, uintptr_t rstd, int64_t 
   auto* rp = reinterpret_cast<float*>(rstd);
   const bool al = hidden % 8 == 0 && aligned16(xp) && aligned16(wp) && aligned16(yp);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
+  if (use_warp_rows(hidden, warp_rows)) {
+    if (al) {
+      rms_fwd_warp_rows_kernel<true><<<warp_rows_grid(rows), kWarpRowsWarps * 32, 0, s>>>(xp, wp, yp, rp, rows,
+                                                                                          hidden, eps);
+    } else {
+      rms_fwd_warp_rows_kernel<false><<<warp_rows_grid(rows), kWarpRowsWarps * 32, 0, s>>>(xp, wp, yp, rp, rows,
+                                                                                           hidden, eps);
+    }
+    return static_cast<int>(cudaGetLastError());
+  }
   const dim3 grid(static_cast<unsigned>(rows));
   if (al) {
     rms_fwd_kernel<true><<<grid, row_threads(hidden), 0, s>>>(xp, wp, yp, rp, hidden, eps);
@@ -217,7 +333,7 @@ int rms_norm_fwd(uintptr_t x, uintptr_t w, uintptr_t y, uintptr_t rstd, int64_t 
 }
 
 int rms_norm_bwd_dx(uintptr_t dy, uintptr_t x, uintptr_t w, uintptr_t rstd, uintptr_t dx, int64_t rows,
-                    int64_t hidden, int device, uintptr_t stream) {
+                    int64_t hidden, int device, uintptr_t stream, int warp_rows) {
   if (rows == 0 || hidden == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
@@ -228,6 +344,16 @@ int rms_norm_bwd_dx(uintptr_t dy, uintptr_t x, uintptr_t w, uintptr_t rstd, uint
   auto* dp = reinterpret_cast<bf16*>(dx);
   const bool al = hidden % 8 == 0 && aligned16(gp) && aligned16(xp) && aligned16(wp) && aligned16(dp);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
+  if (use_warp_rows(hidden, warp_rows)) {
+    if (al) {
+      rms_bwd_dx_warp_rows_kernel<true><<<warp_rows_grid(rows), kWarpRowsWarps * 32, 0, s>>>(gp, xp, wp, rp, dp,
+                                                                                             rows, hidden);
+    } else {
+      rms_bwd_dx_warp_rows_kernel<false><<<warp_rows_grid(rows), kWarpRowsWarps * 32, 0, s>>>(gp, xp, wp, rp, dp,
+                                                                                              rows, hidden);
+    }
+    return static_cast<int>(cudaGetLastError());
+  }
   const dim3 grid(static_cast<unsigned>(rows));
   if (al) {
     rms_bwd_dx_kernel<true><<<grid, row_threads(hidden), 0, s>>>(gp, xp, wp, rp, dp, hidden);

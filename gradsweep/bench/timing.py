@@ -3,7 +3,11 @@
 - **end to end** (``e2e``): what a training step pays. Calls of the public function run back to back between
   two CUDA events, the device synchronised before the first: host planning, uploads and launches overlap the
   device as they do in a trainer, and whichever is slower sets the time. A sample batches enough calls to
-  last about ``sample_ms``; the timed loop rotates over the case's data copies (L2).
+  last about ``sample_ms`` (10 ms): the first call's host lead (its planning and launch before the device has
+  work) is paid once per sample, as a trainer pays it once per synchronised step, not once per call. With 2 ms
+  samples a 0.3-0.6 ms call ran 3-4 to a sample and that lead added 10-20% to it (same H200 box, alternating:
+  Triton decode 385 -> 330 us, the canonical dW at T = 4096 683 -> 584 us, SDPA and cuBLAS unchanged; notes/
+  triton_rowwise.md). The timed loop rotates over the case's data copies (L2).
 - **kernels only** (``kernels``): the device busy time of the same calls, from the profiler: every device
   activity (kernels, copies, memsets; annotations excluded), overlapping intervals merged, host gaps removed,
   divided by the calls profiled. One sample per profiled round (``Budget.kernel_rounds``; a profiling session
@@ -63,7 +67,7 @@ class Budget:
     """How much timing each measurement gets."""
 
     target_s: float = 0.15      # timed calls per measurement (after warm-up)
-    sample_ms: float = 2.0      # calls batched per e2e sample so that one sample lasts about this long
+    sample_ms: float = 10.0     # calls batched per e2e sample so that one sample lasts about this long
     min_samples: int = 5
     max_samples: int = 30
     warmup: int = 2             # untimed calls first (compilation, autotuning, allocator)

@@ -1,7 +1,8 @@
 """QK-norm (gradsweep._C): RMSNorm of every head of x [R, heads, head_dim] over head_dim, one weight [head_dim].
 
-Forward and dx are rms_norm's row kernels on the [R * heads, head_dim] view (one block per (token, head);
-block size a function of head_dim alone), so a row's bits never depend on the batch. dweight follows the
+Forward and dx are rms_norm's row kernels on the [R * heads, head_dim] view (one warp per (token, head) for
+head_dim <= 256, its lane map and reduction a function of head_dim alone), so a row's bits never depend on the
+batch. dweight follows the
 canonical protocol: ``fold.take(rows, (dy, x, rstd))`` gives the plan; one kernel writes one fp32 partial
 per canonical tile (the tile's (token, head) pairs in (slot, head) order dealt to a head_dim-fixed number of
 streams, each summed in order, then the streams in order; -1 slots skipped) and rms_norm's fold kernel adds the

@@ -1,7 +1,8 @@
 """RMSNorm (gradsweep._C): y = x * rsqrt(mean(x^2) + eps) * weight, bf16 in/out, FP32 math inside.
 
-Forward and dx are row-wise, one CUDA block per row with a block size set by H alone, so a row's bits
-never depend on how many rows share the call. dweight follows the canonical protocol: the backward calls
+Forward and dx are row-wise, one CUDA block per row with a block size set by H alone (for H <= 256 one warp
+per row, several rows per block, with the one-warp block's lane map and reduction: the same bits), so a row's
+bits never depend on how many rows share the call. dweight follows the canonical protocol: the backward calls
 ``fold.take(rows, (dy, x, rstd))`` and launches two kernels on the returned plan: per-tile sums (rows in
 slot order) then a sequential fold of those sums, tile after tile, into fold.main_grad (loaded by the
 kernel, stored back). The weight's returned gradient is None: the trainer reads fold.main_grad.
