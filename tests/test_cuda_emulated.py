@@ -1,11 +1,13 @@
-"""The CUDA C++ attention and RL kernels of csrc/, run on the CPU by a host emulation (tests/cuda_emu/).
+"""The CUDA C++ attention, RL and row-norm kernels of csrc/, run on the CPU by a host emulation (tests/cuda_emu/).
 
 The kernels' own sources (fragment addressing, masks, block and tile loops, the fold's bounds, the host launchers)
 execute here with an independently written model of ldmatrix / mma.sync / shuffles, through the production Python
 modules and the public kernel check: every layout bitwise invariant and accurate within the contract (dK / dV
 FP32-class), kernel-level bitwise equalities (wide vs narrow programs, chunks, decode, a sample alone), bf16
 operands missing the FP32-class rule, and a planted kernel bug (a partly visible key block run without its mask)
-going red. The emulation's rounding is not the H200's: the GPU tests (tests/test_cuda_attention.py, -m gpu)
+going red; rms_norm / qk_norm on every layout through both row paths (one warp per row for hidden <= 256, one
+block per row above), the two paths bit for bit on the same rows, and a planted reduction order going red. The
+emulation's rounding is not the H200's: the GPU tests (tests/test_cuda_attention.py, -m gpu)
 check the hardware's own bits. Skipped where g++ (C++20) or the CUDA headers are missing.
 """
 
@@ -96,3 +98,54 @@ def test_rl_fp32_inputs_match_bf16_inputs_bitwise(kernels) -> None:
     a = rl_token.grpo_loss(lp, old, ref, sample, rewards, 3, 0.2, 0.2, 0.04, 1e-4)
     b = rl_token.grpo_loss(lp.float(), old, ref.float(), sample, rewards, 3, 0.2, 0.2, 0.04, 1e-4)
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize(("op", "shape"), [("rms_norm", None), ("rms_norm", {"hidden": 264}),
+                                           ("qk_norm", {"heads": 2, "head_dim": 128})])
+def test_row_norms_every_layout(kernels, op: str, shape) -> None:
+    """rms_norm and qk_norm (forward, dx, the canonical dweight fold) on every layout: hidden 96 and QK-norm's
+    heads of 128 take the one-warp-per-row kernels, hidden 264 the one-block-per-row ones."""
+    report = check_kernel(op, f"cuda.{op}", shape=shape)
+    assert report.ok, report.first_failure
+
+
+def _row_paths_differences(ext) -> list[str]:
+    """The rows of the one-warp path against the one-block path (forced through ``warp_rows``), bit for bit:
+    y, rstd and dx at several widths and row counts, aligned and one element off, a zero row and signed zeros."""
+    gen = torch.Generator().manual_seed(5)
+    bad = []
+    for hidden in (1, 8, 60, 128, 256):
+        for rows in (1, 6, 37):
+            for offset in (0, 1):
+                x, dy = ((torch.randn(rows * hidden + offset, generator=gen).bfloat16()[offset:]).view(rows, hidden)
+                         for _ in range(2))
+                x[0, 0], dy[-1, -1] = 0.0, -0.0
+                if rows > 2:
+                    x[2].zero_()
+                w = (torch.randn(hidden, generator=gen) * 0.5).bfloat16()
+                out = []
+                for mode in (0, 1):
+                    y, rstd, dx = torch.empty_like(x), torch.empty(rows), torch.empty_like(x)
+                    ext.rms_norm_fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr(), rows, hidden, 1e-6,
+                                     0, 0, warp_rows=mode)
+                    ext.rms_norm_bwd_dx(dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
+                                        rows, hidden, 0, 0, warp_rows=mode)
+                    out.append((y.view(torch.int16), rstd.view(torch.int32), dx.view(torch.int16)))
+                for name, a, b in zip(("y", "rstd", "dx"), *out):
+                    if not torch.equal(a, b):
+                        bad.append(f"H={hidden} R={rows} offset={offset} {name}")
+    return bad
+
+
+def test_rms_norm_warp_rows_equal_block_rows(emulated) -> None:
+    assert not _row_paths_differences(emulated)
+
+
+def test_a_planted_warp_reduction_order_goes_red(tmp_path) -> None:
+    """The one-warp path summing its lanes in another butterfly order: its rows no longer equal the block path's."""
+    plant = ("rms_norm", "for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+             "  return __fadd_rn(v, 0.0f);",
+             "for (int o = 1; o < 32; o <<= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+             "  return __fadd_rn(v, 0.0f);")
+    bad = _row_paths_differences(build.load(build.build(tmp_path, plant=plant)))
+    assert any("rstd" in b for b in bad) and any(" dx" in b for b in bad), bad

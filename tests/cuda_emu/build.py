@@ -1,5 +1,5 @@
-"""Build the CUDA attention and RL kernels of csrc/ for the host (a CPU emulation) and load them as a stand-in of
-gradsweep._C.
+"""Build the CUDA attention, RL and row-norm (rms_norm, qk_norm) kernels of csrc/ for the host (a CPU emulation) and
+load them as a stand-in of gradsweep._C.
 
 Why: the kernels only run on the lent GPU, yet most of what can go wrong in them (fragment addressing, masks,
 the block and tile loops, the fold's bounds, the host launchers' grids and parameters) is plain arithmetic that a
@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 HERE = Path(__file__).resolve().parent
-KERNELS = ("attention_fwd", "attention_dq", "attention_dkdv", "rl")
+KERNELS = ("attention_fwd", "attention_dq", "attention_dkdv", "rl", "rms_norm", "qk_norm")
 
 
 def cuda_include() -> Path | None:
@@ -70,7 +70,7 @@ def _drop_function(src: str, signature: str) -> str:
 def _host_kernel_source(src: str) -> str:
     src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];",
                       "unsigned char* smem_raw = emu_cta->shared();")
-    src = src.replace("__shared__ float red[33];", "float* red = reinterpret_cast<float*>(emu_cta->shared());")
+    src = re.sub(r"__shared__ float red\[[^\]]*\];", "float* red = reinterpret_cast<float*>(emu_cta->shared());", src)
     src = re.sub(r"\n\s*DeviceGuard guard\(device\);", "\n  (void)device;", src)
     src = re.sub(r"\n\s*GS_TRY\(guard.status\(\)\);", "", src)
     src = re.sub(r"\n\s*GS_TRY\(cudaFuncSetAttribute\([^;]*;", "", src)
@@ -80,9 +80,23 @@ def _host_kernel_source(src: str) -> str:
 
 _WRAP = """#include <cstdint>
 #include "attention.h"
+#include "gradsweep.h"
 #include "rl.h"
 #define U uintptr_t
 extern "C" {
+int emu_rms_norm_fwd(U x, U w, U y, U r, int64_t rows, int64_t h, float eps, int warp_rows) {
+  return gs::rms_norm_fwd(x, w, y, r, rows, h, eps, 0, 0, warp_rows);
+}
+int emu_rms_norm_bwd_dx(U dy, U x, U w, U r, U dx, int64_t rows, int64_t h, int warp_rows) {
+  return gs::rms_norm_bwd_dx(dy, x, w, r, dx, rows, h, 0, 0, warp_rows);
+}
+int emu_rms_norm_dw_tiles(U plan, int64_t n, int64_t tile, U dy, U x, U r, U part, int64_t h) {
+  return gs::rms_norm_dw_tiles(plan, n, tile, dy, x, r, part, h, 0, 0);
+}
+int emu_fold_tiles(U part, int64_t n, U grad, int64_t cols) { return gs::fold_tiles(part, n, grad, cols, 0, 0); }
+int emu_qk_norm_dw_tiles(U plan, int64_t n, int64_t tile, U dy, U x, U r, U part, int64_t heads, int64_t d) {
+  return gs::qk_norm_dw_tiles(plan, n, tile, dy, x, r, part, heads, d, 0, 0);
+}
 int64_t emu_attn_rows(int narrow, int dq) { return gs::attn_rows(narrow != 0, dq != 0); }
 int64_t emu_attn_fold_keys() { return gs::attn_fold_keys(); }
 int64_t emu_attn_fold_tile() { return gs::attn_fold_tile(); }
@@ -170,7 +184,7 @@ def build(out: Path, plant: tuple[str, str, str] | None = None) -> Path:
 
 
 def load(lib: Path) -> SimpleNamespace:
-    """gradsweep._C's attention and RL launchers (and sizes) backed by the emulated kernels of ``lib``."""
+    """gradsweep._C's attention, RL and row-norm launchers (and sizes) backed by the emulated kernels of ``lib``."""
     so = ctypes.CDLL(str(lib))
     U, L, F, N = ctypes.c_size_t, ctypes.c_int64, ctypes.c_float, ctypes.c_int
     sigs = {
@@ -182,6 +196,8 @@ def load(lib: Path) -> SimpleNamespace:
         "rl_kl_fwd": [U] * 5 + [L, N], "rl_kl_bwd": [U] * 6 + [L, N, N],
         "rl_policy": [U] * 8 + [L, L, L, F, F, F, F, N, N, N, N],
         "rl_seq_sum": [U] * 7 + [L, N], "rl_dpo": [U] * 5 + [L, L, F, N],
+        "rms_norm_dw_tiles": [U, L, L, U, U, U, U, L], "fold_tiles": [U, L, U, L],
+        "qk_norm_dw_tiles": [U, L, L, U, U, U, U, L, L],
     }
     ns = SimpleNamespace()
     for name, argtypes in sigs.items():
@@ -195,6 +211,17 @@ def load(lib: Path) -> SimpleNamespace:
                 raise RuntimeError(f"emulated {_name}: CUDA error {rc}")
 
         setattr(ns, name, launcher)
+    for name, argtypes in (("rms_norm_fwd", [U] * 4 + [L, L, F, N]), ("rms_norm_bwd_dx", [U] * 5 + [L, L, N])):
+        fn = getattr(so, f"emu_{name}")
+        fn.argtypes = argtypes
+        n_args = len(argtypes) - 1  # the real launchers: (..., device, stream, warp_rows=-1)
+
+        def rows_launcher(*args, warp_rows: int = -1, _fn=fn, _n=n_args, _name=name):
+            rc = _fn(*args[:_n], int(args[_n + 2]) if len(args) > _n + 2 else warp_rows)
+            if rc != 0:
+                raise RuntimeError(f"emulated {_name}: CUDA error {rc}")
+
+        setattr(ns, name, rows_launcher)
     for name in ("emu_attn_fold_keys", "emu_attn_fold_tile", "emu_attn_block_n", "emu_attn_max_head_dim",
                  "emu_rl_seq_threads"):
         getattr(so, name).restype = L

@@ -1,4 +1,4 @@
-// Host emulation of the CUDA features gradsweep's attention and RL kernels use, so their sources run on a CPU
+// Host emulation of the CUDA features gradsweep's attention, RL and row-norm kernels use, so their sources run on a CPU
 // (tests/cuda_emu/build.py): one std::thread per CUDA thread, std::barrier for __syncthreads and for the warp
 // collectives (shuffles, ldmatrix, mma.sync m16n8k16: emu_mma.h), cp.async as plain copies (so a missing
 // cp.async wait cannot show here; everything else a kernel computes does). FP32 intrinsics are IEEE host
@@ -69,6 +69,7 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __frsqrt_rn(float a) { return 1.0f / std::sqrt(a); }  // not correctly rounded: the emulation's own
 inline unsigned __float_as_uint(float x) {
   unsigned u;
   std::memcpy(&u, &x, 4);
@@ -79,25 +80,32 @@ inline T __ldg(const T* p) {
   return *p;
 }
 
-// Runs the grid's CTAs one after another on `threads` host threads (created once per launch); a block barrier
-// between CTAs keeps a CTA's shared memory its own while it runs.
+// Runs the grid's CTAs one after another (x fastest, then y) on `threads` host threads (created once per
+// launch); a block barrier between CTAs keeps a CTA's shared memory its own while it runs.
 template <class K, class... Args>
-void emu_launch(K kernel, unsigned grid, int threads, int smem, Args... args) {
+void emu_launch(K kernel, dim3 grid, int threads, int smem, Args... args) {
   emu_block_dim = {static_cast<unsigned>(threads), 1, 1};
-  emu_grid_dim = {grid, 1, 1};
-  EmuCta cta(threads, smem < 1024 ? 1024 : smem);  // static __shared__ arrays live here too
+  emu_grid_dim = {grid.x, grid.y, 1};
+  EmuCta cta(threads, smem < 65536 ? 65536 : smem);  // static __shared__ arrays live here too
   std::vector<std::thread> ts;
   ts.reserve(threads);
   for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&, t] {
       emu_thread_idx = {static_cast<unsigned>(t), 0, 0};
       emu_cta = &cta;
-      for (unsigned b = 0; b < grid; ++b) {
-        emu_block_idx = {b, 0, 0};
-        kernel(args...);
-        cta.block.arrive_and_wait();
+      for (unsigned by = 0; by < grid.y; ++by) {
+        for (unsigned b = 0; b < grid.x; ++b) {
+          emu_block_idx = {b, by, 0};
+          kernel(args...);
+          cta.block.arrive_and_wait();
+        }
       }
     });
   }
   for (auto& th : ts) th.join();
+}
+
+template <class K, class... Args>
+void emu_launch(K kernel, unsigned grid, int threads, int smem, Args... args) {
+  emu_launch(kernel, dim3(grid, 1, 1), threads, smem, args...);
 }
