@@ -19,6 +19,7 @@ import torch
 from gradsweep.cuda_kernels import attention as attn
 from gradsweep.harness.kernel_check import check_kernel
 from tests import test_cuda_attention as cuda_attention_tests
+from tests import test_cuda_ops as cuda_ops_tests
 from tests.cuda_emu import build
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
@@ -110,31 +111,8 @@ def test_row_norms_every_layout(kernels, op: str, shape) -> None:
 
 
 def _row_paths_differences(ext) -> list[str]:
-    """The rows of the one-warp path against the one-block path (forced through ``warp_rows``), bit for bit:
-    y, rstd and dx at several widths and row counts, aligned and one element off, a zero row and signed zeros."""
-    gen = torch.Generator().manual_seed(5)
-    bad = []
-    for hidden in (1, 8, 60, 128, 256):
-        for rows in (1, 6, 37):
-            for offset in (0, 1):
-                x, dy = ((torch.randn(rows * hidden + offset, generator=gen).bfloat16()[offset:]).view(rows, hidden)
-                         for _ in range(2))
-                x[0, 0], dy[-1, -1] = 0.0, -0.0
-                if rows > 2:
-                    x[2].zero_()
-                w = (torch.randn(hidden, generator=gen) * 0.5).bfloat16()
-                out = []
-                for mode in (0, 1):
-                    y, rstd, dx = torch.empty_like(x), torch.empty(rows), torch.empty_like(x)
-                    ext.rms_norm_fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr(), rows, hidden, 1e-6,
-                                     0, 0, warp_rows=mode)
-                    ext.rms_norm_bwd_dx(dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
-                                        rows, hidden, 0, 0, warp_rows=mode)
-                    out.append((y.view(torch.int16), rstd.view(torch.int32), dx.view(torch.int16)))
-                for name, a, b in zip(("y", "rstd", "dx"), *out):
-                    if not torch.equal(a, b):
-                        bad.append(f"H={hidden} R={rows} offset={offset} {name}")
-    return bad
+    """The emulated rows of the one-warp path against the one-block path (test_cuda_ops' check, smaller sizes)."""
+    return cuda_ops_tests.rms_row_path_differences(ext, "cpu", 0, 0, (1, 8, 60, 128, 256), (1, 6, 37), modes=(1,))
 
 
 def test_rms_norm_warp_rows_equal_block_rows(emulated) -> None:

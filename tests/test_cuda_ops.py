@@ -197,10 +197,38 @@ def test_gpu_rows_do_not_depend_on_the_batch() -> None:
     assert not any(bad.values()), bad
 
 
-def _offset_rows(gen: torch.Generator, rows: int, hidden: int, offset: int) -> torch.Tensor:
-    """bf16 [rows, hidden] on the GPU starting ``offset`` elements into its storage (1: unaligned loads)."""
-    flat = torch.randn(rows * hidden + offset, generator=gen).to(torch.bfloat16)
-    return flat.cuda()[offset:].view(rows, hidden)
+def rms_row_path_differences(ext, device: str, index: int, stream: int, hiddens, row_counts,
+                             modes=(1, -1)) -> list[str]:
+    """rms_norm's one-warp-per-row path (``warp_rows`` 1, or -1: the launcher's choice) against its one-block-per-row
+    path (0), bit for bit: y, rstd and dx at each width and row count, aligned and one element into the storage (the
+    element loads), with a zero row (rstd = rsqrt(eps)) and signed zeros; the differences. ``ext``: gradsweep._C
+    or the CPU emulation (tests/test_cuda_emulated.py)."""
+    gen = torch.Generator().manual_seed(11)
+    bad = []
+    for hidden in hiddens:
+        for rows in row_counts:
+            for offset in (0, 1):
+                x, dy = ((torch.randn(rows * hidden + offset, generator=gen).to(torch.bfloat16).to(device)[offset:])
+                         .view(rows, hidden) for _ in range(2))
+                x[0, 0], dy[min(1, rows - 1), -1] = 0.0, -0.0
+                if rows > 2:
+                    x[2].zero_()
+                w = (torch.randn(hidden, generator=gen) * 0.5).to(torch.bfloat16).to(device)
+                out = {}
+                for mode in (0, *modes):
+                    y, rstd, dx = torch.empty_like(x), torch.empty(rows, device=device), torch.empty_like(x)
+                    ext.rms_norm_fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr(), rows, hidden, 1e-6,
+                                     index, stream, warp_rows=mode)
+                    ext.rms_norm_bwd_dx(dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
+                                        rows, hidden, index, stream, warp_rows=mode)
+                    out[mode] = (y, rstd, dx)
+                for mode in modes:
+                    for name, a, b in zip(("y", "rstd", "dx"), out[0], out[mode]):
+                        diff = bitwise_compare(a, b)
+                        if not diff.equal:
+                            bad.append(f"H={hidden} R={rows} offset={offset} warp_rows={mode} {name}: "
+                                       f"{diff.mismatched} differ")
+    return bad
 
 
 @pytest.mark.gpu
@@ -209,35 +237,13 @@ def test_gpu_rms_norm_warp_rows_equal_the_block_rows() -> None:
     """rms_norm's one-warp-per-row kernels (hidden <= 256: QK-norm's heads) give the bits of the one-block-per-row
     kernels, forward (y, rstd) and dx, aligned and unaligned, with special values; and a row alone equals it in a
     batch on the warp path (rows share a warp there)."""
-    ext, dev = runtime.load(), torch.cuda.current_device()
-    stream = torch.cuda.current_stream().cuda_stream
-    gen = torch.Generator().manual_seed(11)
-    bad = []
-    for hidden in (1, 8, 64, 100, 128, 200, 256):
-        for rows in (1, 5, 33, 1001):
-            for offset in (0, 1):  # 1: a storage offset of one element (the unaligned loads)
-                x, dy = (_offset_rows(gen, rows, hidden, offset) for _ in range(2))
-                x[0, 0], dy[min(1, rows - 1), -1] = 0.0, -0.0
-                if rows > 2:
-                    x[2].zero_()  # rstd = rsqrt(eps), dx's reduction of exact zeros
-                w = (torch.randn(hidden, generator=gen) * 0.5).to(torch.bfloat16).cuda()
-                out = {}
-                for mode in (0, 1, -1):
-                    y, rstd, dx = torch.empty_like(x), torch.empty(rows, device="cuda"), torch.empty_like(x)
-                    ext.rms_norm_fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr(), rows, hidden, 1e-6,
-                                     dev, stream, warp_rows=mode)
-                    ext.rms_norm_bwd_dx(dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
-                                        rows, hidden, dev, stream, warp_rows=mode)
-                    out[mode] = (y, rstd, dx)
-                for mode in (1, -1):
-                    for name, a, b in zip(("y", "rstd", "dx"), out[0], out[mode]):
-                        diff = bitwise_compare(a, b)
-                        if not diff.equal:
-                            bad.append(f"H={hidden} R={rows} offset={offset} warp_rows={mode} {name}: "
-                                       f"{diff.mismatched} differ")
-    assert not bad, bad[:10]
     from gradsweep.cuda_kernels import rms_norm
 
+    bad = rms_row_path_differences(runtime.load(), "cuda", torch.cuda.current_device(),
+                                   torch.cuda.current_stream().cuda_stream, (1, 8, 64, 100, 128, 200, 256),
+                                   (1, 5, 33, 1001))
+    assert not bad, bad[:10]
+    gen = torch.Generator().manual_seed(11)
     x = torch.randn(1000, 128, generator=gen).to(torch.bfloat16).cuda()
     w = torch.randn(128, generator=gen).to(torch.bfloat16).cuda()
     lone = _rows_alone_vs_batched(lambda a: rms_norm.rms_norm_forward(a, w, 1e-6)[0], [x], sizes=(1, 3, 31, 33))
