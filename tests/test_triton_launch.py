@@ -199,3 +199,18 @@ def test_gpu_direct_launch_bits_equal_a_plain_launch() -> None:
     res = subprocess.run([sys.executable, "-c", _GPU_SCRIPT], env=env, capture_output=True, text=True, timeout=300,
                          cwd=pathlib.Path(__file__).parents[1])
     assert "GPU-OK" in res.stdout, res.stdout + res.stderr
+
+
+def test_host_grid_arithmetic_equals_tritons() -> None:
+    """``_common.cdiv`` / ``pow2`` (plain integers, ~0.1 us) give what ``triton.cdiv`` / ``next_power_of_2``
+    (ConstexprFunctions, ~5 us a call) give: the same grids and block sizes, so the same launches."""
+    import triton
+
+    from gradsweep.triton_kernels._common import cdiv, pow2
+
+    values = [*range(0, 1100), *(2 ** k + d for k in range(10, 40) for d in (-1, 0, 1))]
+    for a in values:
+        for b in (1, 2, 3, 7, 16, 64, 128, 1000):
+            assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
+        assert pow2(a) == int(triton.next_power_of_2(max(a, 1))), a
+    assert pow2(-5) == 1

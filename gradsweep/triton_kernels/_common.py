@@ -115,8 +115,15 @@ def m_bucket(m: int) -> int:
 
 
 def pow2(n: int) -> int:
-    """Smallest power of two >= max(n, 1)."""
-    return int(triton.next_power_of_2(max(int(n), 1)))
+    """Smallest power of two >= max(n, 1), in integer arithmetic (``triton.next_power_of_2`` is a
+    ConstexprFunction: ~5 us a call on the host, paid per launch)."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for integers (``triton.cdiv`` costs ~5 us a call on the host: a grid of two is 10 us of a
+    small launch's ~50)."""
+    return -(-a // b)
 
 
 def warps_for(block_elems: int) -> int:
@@ -250,7 +257,7 @@ def fold_partials(partials: torch.Tensor, acc: torch.Tensor) -> None:
     n_tiles, n_cols = partials.shape
     if n_tiles == 0 or n_cols == 0:
         return
-    _FOLD((triton.cdiv(n_cols, FOLD_BLOCK),), [partials, acc, n_tiles, n_cols],
+    _FOLD((cdiv(n_cols, FOLD_BLOCK),), [partials, acc, n_tiles, n_cols],
           {"BLOCK": FOLD_BLOCK, "UNROLL": FOLD_UNROLL}, num_warps=1)
 
 

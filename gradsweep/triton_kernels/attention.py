@@ -48,7 +48,7 @@ import triton.language as tl
 
 from gradsweep import attention_host as host
 from gradsweep.canonical import RowIdentity
-from gradsweep.triton_kernels._common import INTERPRET, FastLaunch, mma, pow2, to_out
+from gradsweep.triton_kernels._common import INTERPRET, FastLaunch, cdiv, mma, pow2, to_out
 
 LOG2E = host.LOG2E
 
@@ -513,7 +513,7 @@ def _scatter(plan: _Plan, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
     (src_a, dst_a), (src_b, dst_b) = pairs[0], pairs[-1]
     row = int(np.prod(src_a.shape[1:]))
     rows_per = max(1, min(16, 8192 // pow2(row)))
-    _SCATTER((triton.cdiv(plan.n_real, rows_per),), [src_a, dst_a, src_b, dst_b, plan.rows, plan.toks, plan.n_real],
+    _SCATTER((cdiv(plan.n_real, rows_per),), [src_a, dst_a, src_b, dst_b, plan.rows, plan.toks, plan.n_real],
              {"ROW": row, "ROWP": pow2(row), "BR": rows_per, "TWO": len(pairs) == 2}, num_warps=4)
 
 

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity, TileStep
 from gradsweep.kernel_api import check_embedding, embedding_function, require_fold, run_function
-from gradsweep.triton_kernels._common import FastLaunch, pow2, upload
+from gradsweep.triton_kernels._common import FastLaunch, cdiv, pow2, upload
 
 TILE: int = 64  # canonical tile of the fold (plans cost O(tiles); the bits do not depend on it)
 BLOCK_H = 1024  # columns per program (elementwise along H: any value gives the same bits)
@@ -96,7 +96,7 @@ def embedding_forward(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if y.numel() == 0:
         return y
     rows = max(1, 4096 // min(pow2(hidden), BLOCK_H))
-    grid = (triton.cdiv(n_rows, rows), triton.cdiv(hidden, BLOCK_H))
+    grid = (cdiv(n_rows, rows), cdiv(hidden, BLOCK_H))
     _FWD(grid, [ids.contiguous(), weight.contiguous(), y, n_rows, hidden],
          {"ROWS": rows, "BLOCK": min(pow2(hidden), BLOCK_H)}, num_warps=4)
     return y
@@ -136,7 +136,7 @@ def embedding_fold(tokens: torch.Tensor, tok_ids: torch.Tensor, dy: torch.Tensor
     else:
         cand = torch.arange(n, dtype=torch.int32, device=sorted_ids.device)
     block = min(pow2(hidden), BLOCK_H)
-    grid = (cand.numel(), triton.cdiv(hidden, block))
+    grid = (cand.numel(), cdiv(hidden, block))
     _BWD(grid, [cand, sorted_ids.contiguous(), src, seg_start, seg_end, dy, dys, main_grad, hidden],
          {"BLOCK": block, "UNROLL": UNROLL}, num_warps=4)
 

@@ -49,7 +49,7 @@ except ImportError:  # pragma: no cover - older triton
 
 from gradsweep.canonical import CanonicalFold, RowIdentity, TileStep
 from gradsweep.kernel_api import check_linear, require_fold, run_function
-from gradsweep.triton_kernels._common import INTERPRET, Tuner, loop_bound, m_bucket, mma, tile_ids, to_out
+from gradsweep.triton_kernels._common import INTERPRET, Tuner, cdiv, loop_bound, m_bucket, mma, tile_ids, to_out
 
 TILE = 64  # canonical token tile of the dW fold (the fold kernel's K block equals it)
 
@@ -188,7 +188,7 @@ def _launch_mm_tma(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch
     c_desc = TensorDescriptor(out, [m, n], [n, 1], [cfg["BM"], cfg["BN"]])
     _ensure_allocator()
     # the plain launch path: it keys the compiled kernel on the descriptors' dtypes and block shapes
-    grid = (min(sms, triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])),)
+    grid = (min(sms, cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"])),)
     _mm_tma_kernel[grid](a_desc, w_desc, c_desc, m, n, k, **cfg, PROGRAMS=sms, num_warps=_TMA_WARPS,
                          num_stages=_TMA_STAGES)
     return out
@@ -223,12 +223,12 @@ def _launch_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_in: bool
             out.stride(0), out.stride(1)]
     if INTERPRET:
         cfg = _CPU_MM
-        grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"]),)
+        grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]),)
         _mm_kernel[grid](*args, **cfg, ACC_IN=acc_in, EVEN_K=k % cfg["BK"] == 0, HINT_N=hint)
         return out
 
     def grid(meta):
-        return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
+        return (cdiv(m, meta["BM"]) * cdiv(n, meta["BN"]),)
     _MM((m_bucket(m), n, k, acc_in, hint, a.dtype, out.dtype, a.stride(1) == 1, b.stride(1) == 1), grid, args,
         {"ACC_IN": acc_in, "HINT_N": hint}, scratch=2 if acc_in else None, k_even=k)
     return out
@@ -343,12 +343,12 @@ def dw_fold_tiles(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_gr
             main_grad.stride(0)]
     if INTERPRET:
         cfg = _CPU_DW
-        grid = (triton.cdiv(n, cfg["BN"]) * triton.cdiv(k, cfg["BK"]),)
+        grid = (cdiv(n, cfg["BN"]) * cdiv(k, cfg["BK"]),)
         _dw_kernel[grid](*args, **cfg, BT=bt)
         return main_grad
 
     def grid(meta):
-        return (triton.cdiv(n, meta["BN"]) * triton.cdiv(k, meta["BK"]),)
+        return (cdiv(n, meta["BN"]) * cdiv(k, meta["BK"]),)
     _DW((n, k, bt, x.dtype, dy.dtype), grid, args, {"BT": bt}, scratch=5)
     return main_grad
 

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold, run_function
-from gradsweep.triton_kernels._common import INTERPRET, Tuner, loop_bound, m_bucket, tile_ids, to_out
+from gradsweep.triton_kernels._common import INTERPRET, Tuner, cdiv, loop_bound, m_bucket, tile_ids, to_out
 from gradsweep.triton_kernels.gemm import TILE, dw_fold_tiles, k_loop, matmul_accumulate, mm_configs
 
 __all__ = ["TILE", "linear_logp"]
@@ -106,14 +106,14 @@ def fused_forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     out, lse = logp_outputs(r, v, hidden.device, "linear_logp")
     if r == 0:
         return out, lse
-    n_chunks = triton.cdiv(v, cfg["VCHUNK"])
+    n_chunks = cdiv(v, cfg["VCHUNK"])
     part = torch.empty(3, r, n_chunks, dtype=torch.float32, device=hidden.device)
     warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-    grid = (triton.cdiv(r, cfg["BM"]) * n_chunks,)
+    grid = (cdiv(r, cfg["BM"]) * n_chunks,)
     _fused_fwd_kernel[grid](hidden, weight, targets, part[0], part[1], part[2], r, v, loop_bound(k), n_chunks,
                             hidden.stride(0), weight.stride(0), **cfg, EVEN_K=k % cfg["BK"] == 0,
                             num_warps=warps, num_stages=stages)
-    _combine_kernel[(triton.cdiv(r, _COMBINE_ROWS),)](part[0], part[1], part[2], targets, out, lse, r, v,
+    _combine_kernel[(cdiv(r, _COMBINE_ROWS),)](part[0], part[1], part[2], targets, out, lse, r, v,
                                                        loop_bound(n_chunks), BR=_COMBINE_ROWS, num_warps=4)
     return out, lse
 
@@ -159,11 +159,11 @@ def dlogits_chunk(hidden: torch.Tensor, w_chunk: torch.Tensor, targets: torch.Te
             hidden.stride(0), w_chunk.stride(0), d.stride(0)]
     if INTERPRET:
         cfg = _CPU_DLOG
-        grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"]),)
+        grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]),)
         _dlogits_kernel[grid](*args, **cfg, EVEN_K=k % cfg["BK"] == 0)
     else:
         def grid(meta):
-            return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
+            return (cdiv(m, meta["BM"]) * cdiv(n, meta["BN"]),)
         _DLOGITS((m_bucket(m), n, k, hidden.dtype), grid, args, {}, k_even=k)
     return d
 

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.kernel_api import check_selected_logp, logp_outputs, run_function, selected_logp_function
-from gradsweep.triton_kernels._common import INTERPRET, FastLaunch, loop_bound, to_out
+from gradsweep.triton_kernels._common import INTERPRET, FastLaunch, cdiv, loop_bound, to_out
 
 # Pinned forward configuration (a row's summation order follows BLOCK_V and the warps; never R).
 # ROWS rows per program share one 2-D block whose layout repeats row after row; the interpreter
@@ -77,7 +77,7 @@ def logp_forward(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Ten
     out, lse = logp_outputs(r, v, logits.device, "selected_logp")
     if r == 0:
         return out, lse
-    grid = (triton.cdiv(r, FWD_ROWS),)
+    grid = (cdiv(r, FWD_ROWS),)
     _FWD(grid, [logits, targets, out, lse, r, loop_bound(v), logits.stride(0)],
          {"ROWS": FWD_ROWS, "BLOCK": BLOCK_V}, num_warps=FWD_WARPS, num_stages=2)
     return out, lse
@@ -90,7 +90,7 @@ def logp_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor
     d = torch.empty(r, v, dtype=logits.dtype, device=logits.device)
     if r == 0 or v == 0:
         return d
-    grid = (triton.cdiv(r, BWD_ROWS), triton.cdiv(v, BWD_BLOCK_V))
+    grid = (cdiv(r, BWD_ROWS), cdiv(v, BWD_BLOCK_V))
     _BWD(grid, [logits, targets, lse, g.float().contiguous(), d, r, v, logits.stride(0), d.stride(0)],
          {"ROWS": BWD_ROWS, "BLOCK": BWD_BLOCK_V}, num_warps=4)
     return d

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.kernel_api import check_pack, check_unpack, check_unpack_rows, pack_functions, sample_table
-from gradsweep.triton_kernels._common import pow2
+from gradsweep.triton_kernels._common import cdiv, pow2
 
 BLOCK_H = 1024
 
@@ -61,7 +61,7 @@ def _launch(src: torch.Tensor, dst: torch.Tensor, lengths: list[int], starts: li
     meta = sample_table(lengths, starts, src.device)
     block = min(pow2(hidden), BLOCK_H)
     rows = max(1, 4096 // block)
-    grid = (n_samples, triton.cdiv(max_len, rows), triton.cdiv(hidden, block))
+    grid = (n_samples, cdiv(max_len, rows), cdiv(hidden, block))
     _pack_kernel[grid](src, dst, meta, n_samples, max_len, hidden, UNPACK=unpack, ROWS=rows, BLOCK=block,
                        num_warps=4)
 

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.kernel_api import check_qk_norm, require_fold, run_function
-from gradsweep.triton_kernels._common import FastLaunch, norm_backward, norm_function, pow2, to_out, warps_for
+from gradsweep.triton_kernels._common import FastLaunch, cdiv, norm_backward, norm_function, pow2, to_out, warps_for
 
 TILE: int = 32
 BWD_STAGES = 3  # software-pipelining depth of the backward's token loop (speed only, not bits)
@@ -97,7 +97,7 @@ def qk_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     if y.numel() == 0:
         return y
     tok, bh, bd, warps = _config(heads, head_dim)
-    _FWD((triton.cdiv(n_rows, tok),), [x, weight.contiguous(), y, n_rows, heads, head_dim, float(eps)],
+    _FWD((cdiv(n_rows, tok),), [x, weight.contiguous(), y, n_rows, heads, head_dim, float(eps)],
          {"TOK": tok, "BH": bh, "BD": bd}, num_warps=warps)
     return y
 

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import RowIdentity
-from gradsweep.triton_kernels._common import loop_bound, to_out
+from gradsweep.triton_kernels._common import cdiv, loop_bound, to_out
 
 SEQ_BLOCK = 256  # lanes of a sequence sum (pinned: the sum's order is a function of it and the position only)
 SEQ_WARPS = 4
@@ -146,7 +146,7 @@ class _DpoFn(torch.autograd.Function):
         n, n_samples = lp.numel(), plan[1].numel()
         out = torch.empty(n, dtype=torch.float32, device=device)
         if n:
-            _dpo_fwd_kernel[(triton.cdiv(n, ROW_BLOCK),)](seq, sample, out, n, n_samples, float(beta),
+            _dpo_fwd_kernel[(cdiv(n, ROW_BLOCK),)](seq, sample, out, n, n_samples, float(beta),
                                                          BLOCK=ROW_BLOCK, num_warps=4)
         ctx.save_for_backward(lp, mask, sample, seq)
         ctx.plan, ctx.beta = plan, beta
@@ -159,7 +159,7 @@ class _DpoFn(torch.autograd.Function):
         d = torch.empty_like(lp)
         n = lp.numel()
         if n:
-            _dpo_bwd_kernel[(triton.cdiv(n, ROW_BLOCK),)](seq, gseq, sample, mask, d, n, seq.numel(),
+            _dpo_bwd_kernel[(cdiv(n, ROW_BLOCK),)](seq, gseq, sample, mask, d, n, seq.numel(),
                                                          float(ctx.beta), BLOCK=ROW_BLOCK, num_warps=4)
         return d, None, None, None, None, None
 

@@ -15,14 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsweep.triton_kernels._common import loop_bound, to_out
+from gradsweep.triton_kernels._common import cdiv, loop_bound, to_out
 
 BLOCK = 1024
 WARPS = 4
 
 
 def _grid(n: int) -> tuple[int]:
-    return (triton.cdiv(n, BLOCK),)
+    return (cdiv(n, BLOCK),)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

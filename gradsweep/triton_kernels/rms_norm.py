@@ -19,7 +19,7 @@ import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.kernel_api import check_rms_norm, require_fold, run_function
-from gradsweep.triton_kernels._common import FastLaunch, norm_backward, norm_function, row_config, to_out
+from gradsweep.triton_kernels._common import FastLaunch, cdiv, norm_backward, norm_function, row_config, to_out
 
 TILE: int = 32
 BWD_STAGES = 3  # software-pipelining depth of the backward's row loop (speed only, not bits)
@@ -98,7 +98,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
     if n_rows == 0 or hidden == 0:
         return y
     block, rows, warps = row_config(hidden, TILE)
-    _FWD((triton.cdiv(n_rows, rows),), [x, weight.contiguous(), y, n_rows, hidden, float(eps)],
+    _FWD((cdiv(n_rows, rows),), [x, weight.contiguous(), y, n_rows, hidden, float(eps)],
          {"BLOCK": block, "ROWS": rows}, num_warps=warps)
     return y
 

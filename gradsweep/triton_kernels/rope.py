@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.kernel_api import rope_function, run_function
-from gradsweep.triton_kernels._common import FastLaunch, pow2, to_out, warps_for
+from gradsweep.triton_kernels._common import FastLaunch, cdiv, pow2, to_out, warps_for
 
 STAGES = 3  # software-pipelining depth of the loop over heads (speed only, not bits)
 
@@ -71,7 +71,7 @@ def rope_apply(x: torch.Tensor, positions: torch.Tensor, theta: float, inverse: 
     half = head_dim // 2
     tok, bf, warps = _config(half)
     coef = -math.log2(float(theta)) / half
-    _ROPE((triton.cdiv(n_rows, tok),), [x, positions.contiguous(), y, n_rows, half, coef],
+    _ROPE((cdiv(n_rows, tok),), [x, positions.contiguous(), y, n_rows, half, coef],
           {"NH": heads, "TOK": tok, "BF": bf, "INVERSE": inverse, "STAGES": STAGES}, num_warps=warps)
     return y
 

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.kernel_api import run_function
-from gradsweep.triton_kernels._common import FastLaunch, to_out
+from gradsweep.triton_kernels._common import FastLaunch, cdiv, to_out
 
 BLOCK = 2048
 WARPS = 8
@@ -42,7 +42,7 @@ def silu_forward(x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     y = torch.empty_like(x)
     if x.numel():
-        _FWD((triton.cdiv(x.numel(), BLOCK),), [x, y, x.numel()], {"BLOCK": BLOCK}, num_warps=WARPS)
+        _FWD((cdiv(x.numel(), BLOCK),), [x, y, x.numel()], {"BLOCK": BLOCK}, num_warps=WARPS)
     return y
 
 
@@ -51,7 +51,7 @@ def silu_backward(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     dy = dy.contiguous()
     dx = torch.empty_like(x)
     if x.numel():
-        _BWD((triton.cdiv(x.numel(), BLOCK),), [x, dy, dx, x.numel()], {"BLOCK": BLOCK}, num_warps=WARPS)
+        _BWD((cdiv(x.numel(), BLOCK),), [x, dy, dx, x.numel()], {"BLOCK": BLOCK}, num_warps=WARPS)
     return dx
 
 

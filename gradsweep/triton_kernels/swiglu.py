@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.kernel_api import run_function
-from gradsweep.triton_kernels._common import FastLaunch, to_out
+from gradsweep.triton_kernels._common import FastLaunch, cdiv, to_out
 
 BLOCK = 2048
 WARPS = 8
@@ -52,7 +52,7 @@ def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     gate, up = gate.contiguous(), up.contiguous()
     y = torch.empty_like(gate)
     if gate.numel():
-        _FWD((triton.cdiv(gate.numel(), BLOCK),), [gate, up, y, gate.numel()], {"BLOCK": BLOCK}, num_warps=WARPS)
+        _FWD((cdiv(gate.numel(), BLOCK),), [gate, up, y, gate.numel()], {"BLOCK": BLOCK}, num_warps=WARPS)
     return y
 
 
@@ -62,7 +62,7 @@ def swiglu_backward(gate: torch.Tensor, up: torch.Tensor,
     dy = dy.contiguous()
     dg, du = torch.empty_like(gate), torch.empty_like(up)
     if gate.numel():
-        _BWD((triton.cdiv(gate.numel(), BLOCK),), [gate, up, dy, dg, du, gate.numel()], {"BLOCK": BLOCK},
+        _BWD((cdiv(gate.numel(), BLOCK),), [gate, up, dy, dg, du, gate.numel()], {"BLOCK": BLOCK},
              num_warps=WARPS)
     return dg, du
 
