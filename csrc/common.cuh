@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -44,6 +45,19 @@ class DeviceGuard {
 };
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Run `launch(std::true_type{})` when `aligned` (the kernel's 16-byte path), else `launch(std::false_type{})`,
+// and return the launch's error code: the aligned / unaligned choice of a launcher written once (the lambda
+// reads `decltype(arg)::value` as its kernel's ALIGNED template argument).
+template <typename Launch>
+int launch_aligned(bool aligned, Launch&& launch) {
+  if (aligned) {
+    launch(std::true_type{});
+  } else {
+    launch(std::false_type{});
+  }
+  return static_cast<int>(cudaGetLastError());
+}
 
 // An integer attribute of `device` (compute capability, SM count), asked once per device and attribute: the
 // GEMM dispatch needs them on every call, and cudaDeviceGetAttribute is not free. 0 when it cannot be asked.

@@ -26,6 +26,42 @@ constexpr int kWarpRowsWarps = 8;   // warps per block of the one-warp-per-row k
 constexpr int kWarpRowsUnroll = 4;  // rows a warp loads before it reduces them
 constexpr int64_t kWarpRowsMaxChunks = 32;
 
+// The per-row arithmetic of both row paths (a block per row, a warp per row), written once: the two paths give the
+// same bits by construction, the reduction aside (block_sum against one_warp_block_sum, argued below).
+__device__ __forceinline__ float add_squares(const float f[8], float ss) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) ss = __fmaf_rn(f[e], f[e], ss);
+  return ss;
+}
+
+__device__ __forceinline__ float row_rstd(float ss, int64_t hidden, float eps) {
+  return __frsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(hidden)), eps));
+}
+
+// y = (x * r) * w, in place on one chunk.
+__device__ __forceinline__ void normalize_chunk(float f[8], float r, const float g[8]) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(__fmul_rn(f[e], r), g[e]);
+}
+
+// c + sum over the chunk of (dy * w) * x.
+__device__ __forceinline__ float add_dyw_x(const float g[8], const float ww[8], const float f[8], float c) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) c = __fmaf_rn(__fmul_rn(g[e], ww[e]), f[e], c);
+  return c;
+}
+
+// r^2 * sum(dy * w * x) / H.
+__device__ __forceinline__ float dx_coeff(float c, int64_t hidden, float r) {
+  return __fmul_rn(__fmul_rn(__fdiv_rn(c, static_cast<float>(hidden)), r), r);
+}
+
+// dx = r * (dy * w - x * kf), in place of x on one chunk.
+__device__ __forceinline__ void dx_chunk(float f[8], const float g[8], const float ww[8], float r, float kf) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(r, __fmaf_rn(-f[e], kf, __fmul_rn(g[e], ww[e])));
+}
+
 int row_threads(int64_t hidden) {
   const int64_t nvec = (hidden + 7) / 8;
   int64_t t = (nvec + kNpt - 1) / kNpt;
@@ -52,11 +88,10 @@ __global__ void __launch_bounds__(1024) rms_fwd_kernel(const bf16* __restrict__ 
   for (int k = 0; k < kNpt; ++k) {
     float f[8];
     unpack8(xv[k], f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss = __fmaf_rn(f[e], f[e], ss);
+    ss = add_squares(f, ss);
   }
   ss = block_sum(ss, red);
-  const float r = __frsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(hidden)), eps));
+  const float r = row_rstd(ss, hidden, eps);
   if (rstd_out != nullptr && threadIdx.x == 0) rstd_out[row] = r;
   bf16* yr = y + row * hidden;
 #pragma unroll
@@ -66,8 +101,7 @@ __global__ void __launch_bounds__(1024) rms_fwd_kernel(const bf16* __restrict__ 
       float f[8], g[8];
       unpack8(xv[k], f);
       unpack8(load_chunk<ALIGNED>(w, v, hidden), g);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(__fmul_rn(f[e], r), g[e]);
+      normalize_chunk(f, r, g);
       store_chunk<ALIGNED>(yr, v, hidden, pack8(f));
     }
   }
@@ -102,12 +136,11 @@ __global__ void __launch_bounds__(1024) rms_bwd_dx_kernel(const bf16* __restrict
       unpack8(xv[k], f);
       unpack8(gv[k], g);
       unpack8(load_chunk<ALIGNED>(w, v, hidden), ww);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) c = __fmaf_rn(__fmul_rn(g[e], ww[e]), f[e], c);
+      c = add_dyw_x(g, ww, f, c);
     }
   }
   c = block_sum(c, red);
-  const float kf = __fmul_rn(__fmul_rn(__fdiv_rn(c, static_cast<float>(hidden)), r), r);
+  const float kf = dx_coeff(c, hidden, r);
   bf16* dxr = dx + row * hidden;
 #pragma unroll
   for (int k = 0; k < kNpt; ++k) {
@@ -117,10 +150,7 @@ __global__ void __launch_bounds__(1024) rms_bwd_dx_kernel(const bf16* __restrict
       unpack8(xv[k], f);
       unpack8(gv[k], g);
       unpack8(load_chunk<ALIGNED>(w, v, hidden), ww);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        f[e] = __fmul_rn(r, __fmaf_rn(-f[e], kf, __fmul_rn(g[e], ww[e])));
-      }
+      dx_chunk(f, g, ww, r, kf);
       store_chunk<ALIGNED>(dxr, v, hidden, pack8(f));
     }
   }
@@ -156,15 +186,11 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32) rms_fwd_warp_rows_kernel(
     if (row >= rows) break;  // warp-uniform
     float f[8];
     unpack8(xv[u], f);
-    float ss = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss = __fmaf_rn(f[e], f[e], ss);
-    ss = one_warp_block_sum(ss);
-    const float r = __frsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(hidden)), eps));
+    const float ss = one_warp_block_sum(add_squares(f, 0.0f));
+    const float r = row_rstd(ss, hidden, eps);
     if (rstd_out != nullptr && lane == 0) rstd_out[row] = r;
     if (mine) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(__fmul_rn(f[e], r), g[e]);
+      normalize_chunk(f, r, g);
       store_chunk<ALIGNED>(y + row * hidden, lane, hidden, pack8(f));
     }
   }
@@ -197,16 +223,10 @@ __global__ void __launch_bounds__(kWarpRowsWarps * 32) rms_bwd_dx_warp_rows_kern
     float f[8], g[8];
     unpack8(xv[u], f);
     unpack8(gv[u], g);
-    float c = 0.0f;
+    const float c = one_warp_block_sum(mine ? add_dyw_x(g, ww, f, 0.0f) : 0.0f);
+    const float kf = dx_coeff(c, hidden, r[u]);
     if (mine) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) c = __fmaf_rn(__fmul_rn(g[e], ww[e]), f[e], c);
-    }
-    c = one_warp_block_sum(c);
-    const float kf = __fmul_rn(__fmul_rn(__fdiv_rn(c, static_cast<float>(hidden)), r[u]), r[u]);
-    if (mine) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(r[u], __fmaf_rn(-f[e], kf, __fmul_rn(g[e], ww[e])));
+      dx_chunk(f, g, ww, r[u], kf);
       store_chunk<ALIGNED>(dx + row * hidden, lane, hidden, pack8(f));
     }
   }
@@ -219,9 +239,19 @@ bool use_warp_rows(int64_t hidden, int warp_rows) {
   return warp_rows < 0 ? fits : (warp_rows != 0 && fits);
 }
 
-dim3 warp_rows_grid(int64_t rows) {
-  constexpr int64_t per_block = static_cast<int64_t>(kWarpRowsWarps) * kWarpRowsUnroll;
-  return dim3(static_cast<unsigned>((rows + per_block - 1) / per_block));
+// Grid and block of a row kernel: a block per row (threads by H), or warps of kWarpRowsUnroll rows.
+struct RowLaunch {
+  bool warp_rows;
+  dim3 grid;
+  int threads;
+};
+
+RowLaunch row_launch(int64_t rows, int64_t hidden, int warp_rows) {
+  if (use_warp_rows(hidden, warp_rows)) {
+    constexpr int64_t per_block = static_cast<int64_t>(kWarpRowsWarps) * kWarpRowsUnroll;
+    return {true, dim3(static_cast<unsigned>((rows + per_block - 1) / per_block)), kWarpRowsWarps * 32};
+  }
+  return {false, dim3(static_cast<unsigned>(rows)), row_threads(hidden)};
 }
 
 // partial[t, :] = sum over j = 0 .. tile-1 (in that order) of dy[plan[t, j]] * (x[plan[t, j]] * rstd[plan[t, j]]),
@@ -313,23 +343,15 @@ int rms_norm_fwd(uintptr_t x, uintptr_t w, uintptr_t y, uintptr_t rstd, int64_t 
   auto* rp = reinterpret_cast<float*>(rstd);
   const bool al = hidden % 8 == 0 && aligned16(xp) && aligned16(wp) && aligned16(yp);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  if (use_warp_rows(hidden, warp_rows)) {
-    if (al) {
-      rms_fwd_warp_rows_kernel<true><<<warp_rows_grid(rows), kWarpRowsWarps * 32, 0, s>>>(xp, wp, yp, rp, rows,
-                                                                                          hidden, eps);
+  const RowLaunch rl = row_launch(rows, hidden, warp_rows);
+  return launch_aligned(al, [&](auto aligned) {
+    constexpr bool A = decltype(aligned)::value;
+    if (rl.warp_rows) {
+      rms_fwd_warp_rows_kernel<A><<<rl.grid, rl.threads, 0, s>>>(xp, wp, yp, rp, rows, hidden, eps);
     } else {
-      rms_fwd_warp_rows_kernel<false><<<warp_rows_grid(rows), kWarpRowsWarps * 32, 0, s>>>(xp, wp, yp, rp, rows,
-                                                                                           hidden, eps);
+      rms_fwd_kernel<A><<<rl.grid, rl.threads, 0, s>>>(xp, wp, yp, rp, hidden, eps);
     }
-    return static_cast<int>(cudaGetLastError());
-  }
-  const dim3 grid(static_cast<unsigned>(rows));
-  if (al) {
-    rms_fwd_kernel<true><<<grid, row_threads(hidden), 0, s>>>(xp, wp, yp, rp, hidden, eps);
-  } else {
-    rms_fwd_kernel<false><<<grid, row_threads(hidden), 0, s>>>(xp, wp, yp, rp, hidden, eps);
-  }
-  return static_cast<int>(cudaGetLastError());
+  });
 }
 
 int rms_norm_bwd_dx(uintptr_t dy, uintptr_t x, uintptr_t w, uintptr_t rstd, uintptr_t dx, int64_t rows,
@@ -344,23 +366,15 @@ int rms_norm_bwd_dx(uintptr_t dy, uintptr_t x, uintptr_t w, uintptr_t rstd, uint
   auto* dp = reinterpret_cast<bf16*>(dx);
   const bool al = hidden % 8 == 0 && aligned16(gp) && aligned16(xp) && aligned16(wp) && aligned16(dp);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  if (use_warp_rows(hidden, warp_rows)) {
-    if (al) {
-      rms_bwd_dx_warp_rows_kernel<true><<<warp_rows_grid(rows), kWarpRowsWarps * 32, 0, s>>>(gp, xp, wp, rp, dp,
-                                                                                             rows, hidden);
+  const RowLaunch rl = row_launch(rows, hidden, warp_rows);
+  return launch_aligned(al, [&](auto aligned) {
+    constexpr bool A = decltype(aligned)::value;
+    if (rl.warp_rows) {
+      rms_bwd_dx_warp_rows_kernel<A><<<rl.grid, rl.threads, 0, s>>>(gp, xp, wp, rp, dp, rows, hidden);
     } else {
-      rms_bwd_dx_warp_rows_kernel<false><<<warp_rows_grid(rows), kWarpRowsWarps * 32, 0, s>>>(gp, xp, wp, rp, dp,
-                                                                                              rows, hidden);
+      rms_bwd_dx_kernel<A><<<rl.grid, rl.threads, 0, s>>>(gp, xp, wp, rp, dp, hidden);
     }
-    return static_cast<int>(cudaGetLastError());
-  }
-  const dim3 grid(static_cast<unsigned>(rows));
-  if (al) {
-    rms_bwd_dx_kernel<true><<<grid, row_threads(hidden), 0, s>>>(gp, xp, wp, rp, dp, hidden);
-  } else {
-    rms_bwd_dx_kernel<false><<<grid, row_threads(hidden), 0, s>>>(gp, xp, wp, rp, dp, hidden);
-  }
-  return static_cast<int>(cudaGetLastError());
+  });
 }
 
 int rms_norm_dw_tiles(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t rstd,
