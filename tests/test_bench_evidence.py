@@ -48,6 +48,9 @@ class PlantedTimer:
             fn()
         return Timing.of([self._ms(calls[0])] * 3, 1)
 
+    def e2e_host(self, calls):
+        return self.e2e(calls), Timing.of([0.5 * self._ms(calls[0])] * 3, 1)
+
     def kernels(self, calls):
         return Timing.of([0.8 * self._ms(calls[0])], 1)
 
@@ -97,6 +100,9 @@ def test_the_run_is_signed_bench_evidence_with_figures_checks_and_targets(run):
     # bwd = (fwd_bwd - fwd_train): family 1.5 * 1.75, stock 1.75
     assert fam.measured.e2e_ms == 1.5 * (3.0 - 1.25) and bwd.references["stock"].e2e_ms == 3.0 - 1.25
     assert fam.metrics["e2e_vs_stock"] == 1.5
+    # the host issue time (planted: half of each mode's e2e) settles per phase like e2e, and its ratio is kept
+    assert fam.measured.issue_ms == 0.5 * fam.measured.e2e_ms and fam.metrics["host_vs_e2e"] == 0.5
+    assert bwd.references["stock"].issue_ms == 0.5 * (3.0 - 1.25)
     target = next(t for t in fam.targets if t.metric == "e2e_vs_stock")
     assert (target.bound, target.met, target.issue) == (1.0, False, "13")
     assert bwd.references["liger"].status in ("absent", "ok")
@@ -120,6 +126,19 @@ def test_a_row_without_a_target_shows_its_own_figure(run):
     row = next(r for r in readme_block(pred, "x.json").splitlines() if "| fold_plan |" in r and "warm" in r)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[3] == "host_us" and cells[4] == f"{warm.metrics['host_us']:.0f} us", row
+    assert cells[6] == "-", row  # a host-only case has no issue-time column figure
+
+
+def test_rows_show_the_host_share_of_the_end_to_end_time(run):
+    """The end-to-end row of a timed family carries host / e2e (planted: issue = half of e2e)."""
+    from gradsweep.report.bench import readme_block
+
+    outcome, key, _ = run
+    pred, _ = check_bench_signature(outcome.out, _signers(key))
+    rows = [[c.strip() for c in r.strip("|").split("|")] for r in readme_block(pred, "x.json").splitlines()
+            if r.startswith("| rms_norm |") and "| triton |" in r]
+    assert rows and all(cells[6] == "0.50x" for cells in rows), rows  # every row's e2e side: copy, stock
+    assert {"e2e_vs_stock", "copy_fraction"} <= {cells[3] for cells in rows}, rows
 
 
 def test_chart_is_a_png_beside_the_evidence_under_its_digest(run):
@@ -197,7 +216,8 @@ def test_report_renders_bench_evidence_after_verifying(run, tmp_path):
     assert "gradsweep bench: ci_smoke" in table.output and "SMOKE RUN" in table.output
     assert "e2e_vs_stock <= 1.00x: 1.50x MISSED (#13)" in table.output
     md = runner.invoke(app, ["report", str(outcome.out), "--format", "md", "--trusted-key", pub])
-    assert md.exit_code == 0 and "| op | case | family | metric | end to end | kernels only | target | |" in md.output
+    head = "| op | case | family | metric | end to end | kernels only | host / e2e | target | |"
+    assert md.exit_code == 0 and head in md.output
     assert "| rms_norm | bwd 26 x 64 (dx + canonical dweight) | triton | e2e_vs_stock | 1.50x |" in md.output
     junit = tmp_path / "bench.xml"
     done = runner.invoke(app, ["report", str(outcome.out), "--format", "junit", "-o", str(junit), "--trusted-key", pub])

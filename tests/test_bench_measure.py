@@ -63,7 +63,8 @@ def test_metrics_against_references_and_ceilings():
     case = Case("rms_norm", "bwd", "bwd", {"hidden": 4}, (1000,), "bwd", anchors=("liger",),
                 traffic=lambda s, n: 3.0e6, memory=True)
     mine = settle(ImplRecord(label="triton", kind="family", e2e={"fwd_train": _t(1.0), "fwd_bwd": _t(3.0)},
-                             kernels={"fwd_train": _t(0.5), "fwd_bwd": _t(2.0)}, peak_extra_bytes=2**29), "bwd")
+                             kernels={"fwd_train": _t(0.5), "fwd_bwd": _t(2.0)},
+                             issue={"fwd_train": _t(0.9), "fwd_bwd": _t(2.5)}, peak_extra_bytes=2**29), "bwd")
     stock = settle(ImplRecord(label="stock", kind="baseline", e2e={"fwd_train": _t(1.0), "fwd_bwd": _t(5.0)},
                               kernels={"fwd_train": _t(1.0), "fwd_bwd": _t(4.0)}), "bwd")
     absent = ImplRecord(label="liger", kind="anchor", status="absent", reason="not installed")
@@ -73,6 +74,9 @@ def test_metrics_against_references_and_ceilings():
     assert m["e2e_vs_stock"] == 2.0 / 4.0
     assert m["kernels_vs_stock"] == 1.5 / 3.0
     assert m["e2e_vs_kernels"] == 2.0 / 1.5
+    assert mine.issue_ms == 2.5 - 0.9 and m["host_vs_e2e"] == (2.5 - 0.9) / 2.0
+    assert "host_vs_e2e" not in family_metrics(case, settle(ImplRecord(label="t", kind="family", e2e=mine.e2e),
+                                                            "bwd"), {}, None)  # no issue times: no figure
     assert m["copy_fraction"] == 3.0e6 / (2.0e-3 * 1000.0e9)
     assert m["peak_extra_gib"] == 0.5
     assert "e2e_vs_liger" not in m and "gemm_fraction" not in m  # absent anchor, no flops declared

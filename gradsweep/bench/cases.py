@@ -21,7 +21,7 @@ Split = Literal["rows", "chunks", "none"]
 # backward step minus the forward that records the graph (both measured the same way); "fwd_bwd" is one step.
 MEASURED: dict[str, tuple[str, ...]] = {"fwd": ("fwd",), "bwd": ("fwd_train", "fwd_bwd"), "fwd_bwd": ("fwd_bwd",)}
 STOCK = "stock"
-FAMILY_BASE = ("e2e_vs_kernels",)
+FAMILY_BASE = ("e2e_vs_kernels", "host_vs_e2e")  # host_vs_e2e: host issue time / e2e (~1: host-bound)
 SCALAR_METRICS = ("copy_fraction", "copy_fraction_kernels", "gemm_fraction", "peak_extra_gib", "host_us")
 
 

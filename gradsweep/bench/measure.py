@@ -35,19 +35,21 @@ def _measure(label: str, kind: str, impl: str | None, get: Callable[[str], Refer
              timer: Timer) -> ImplRecord:
     record = ImplRecord(label=label, kind=kind, impl=impl)  # type: ignore[arg-type]
     modes = MEASURED[case.phase]
-    e2e, kernels, peak = {}, {}, None
+    e2e, kernels, issue, peak = {}, {}, {}, None
     for mode in modes:
         ref = get(mode)
         if ref is None:
             return record.model_copy(update={"status": "not_applicable",
                                              "reason": f"{label} has no {mode} path for {case.op}"})
         with ref.context():
-            e2e[mode] = timer.e2e(ref.calls)
+            e2e[mode], issued = timer.e2e_host(ref.calls)
+            if issued is not None:
+                issue[mode] = issued
             kernels[mode] = timer.kernels(ref.calls)
             if case.memory and mode == modes[-1]:
                 peak = timer.peak_extra_bytes(ref.calls[0])
         del ref
-    record = record.model_copy(update={"e2e": e2e, "kernels": kernels, "peak_extra_bytes": peak})
+    record = record.model_copy(update={"e2e": e2e, "kernels": kernels, "issue": issue, "peak_extra_bytes": peak})
     return settle(record, case.phase)
 
 

@@ -31,7 +31,8 @@ def phase_ms(phase: str, by_mode: dict[str, Timing | None]) -> float | None:
 def settle(record: ImplRecord, phase: str) -> ImplRecord:
     """Fill the record's phase figures from its per-mode timings."""
     return record.model_copy(update={"e2e_ms": phase_ms(phase, dict(record.e2e)),
-                                     "kernels_ms": phase_ms(phase, dict(record.kernels))})
+                                     "kernels_ms": phase_ms(phase, dict(record.kernels)),
+                                     "issue_ms": phase_ms(phase, dict(record.issue))})
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -55,6 +56,7 @@ def family_metrics(case: Case, mine: ImplRecord, references: dict[str, ImplRecor
         out[f"e2e_vs_{name}"] = _ratio(mine.e2e_ms, ref.e2e_ms)
         out[f"kernels_vs_{name}"] = _ratio(mine.kernels_ms, ref.kernels_ms)
     out["e2e_vs_kernels"] = _ratio(mine.e2e_ms, mine.kernels_ms)
+    out["host_vs_e2e"] = _ratio(mine.issue_ms, mine.e2e_ms)
     traffic, flops = case.traffic_bytes(), case.flop_count()
     if traffic is not None and ceilings is not None:
         out["copy_fraction"] = _ratio(traffic / 1e6, _times(mine.e2e_ms, ceilings.copy_gbps))

@@ -68,9 +68,13 @@ class ImplRecord(_Strict):
     e2e: dict[str, Timing] = Field(default_factory=dict, description="by measured mode: fwd, fwd_train, fwd_bwd")
     kernels: dict[str, Timing | None] = Field(default_factory=dict)
     host: Timing | None = None
+    issue: dict[str, Timing] = Field(default_factory=dict, description=(
+        "by measured mode: host time per call spent issuing the e2e samples' calls (no synchronisation inside "
+        "a sample); close to e2e: the step is host-bound"))
     peak_extra_bytes: int | None = None
     e2e_ms: float | None = Field(None, description="the case's phase end to end (bwd: fwd_bwd - fwd_train)")
     kernels_ms: float | None = None
+    issue_ms: float | None = Field(None, description="the case's phase as host issue time (as e2e_ms)")
 
 
 class CheckRecord(_Strict):
@@ -143,7 +147,7 @@ class BenchVerdict(_Strict):
 
 
 class BenchPredicate(_Strict):
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = 2  # 2: host issue times (ImplRecord.issue, issue_ms; metric host_vs_e2e)
     generator: str
     manifest: ManifestRef
     contract: ContractRef

@@ -179,19 +179,33 @@ class OpStep:
 
     def collect(self) -> dict[str, torch.Tensor]:
         """Zero the main grads, run one step, return outputs and gradients in logical token order."""
+        self.zero_main_grads()
+        last = self.record()
+        self.last = None
+        return self.gathered(last)
+
+    def zero_main_grads(self) -> None:
         for g in self.data.main_grads.values():
             g.zero_()
+
+    def record(self) -> dict:
+        """One step whose results are kept (outputs, folds, folded input grads): what ``gathered`` reads. Device
+        work only after the call's host planning (no read-back), so a CUDA graph can capture it."""
         self._step(keep=True)
         assert self.last is not None
+        return self.last
+
+    def gathered(self, last: dict) -> dict[str, torch.Tensor]:
+        """Outputs and gradients of a recorded step, in logical token order (copies)."""
         total = int(sum(self.lengths))
         got: dict[str, torch.Tensor] = {}
-        for call, out in self.last["results"]:
+        for call, out in last["results"]:
             index = logical_index(out.rows or call.rows, self.offsets)
             for spec in self.op.outputs:
                 _restore(got, spec.name, out.tensors[spec.name], index, total)
         if self.mode != "fwd_bwd":
             return got
-        folded = self.last["folded"]
+        folded = last["folded"]
         for name, t in folded.items():
             got[name] = t.detach().clone()
         for c in self.calls:
@@ -199,11 +213,10 @@ class OpStep:
                 if spec.grad and spec.grad not in folded and c.inputs[spec.name].grad is not None:
                     _restore(got, spec.grad, c.inputs[spec.name].grad, c.index, total)
         for spec in self.op.params:
-            if spec.name in self.last["folds"]:
+            if spec.name in last["folds"]:
                 got[spec.grad] = self.data.main_grads[spec.name].clone()
             elif self.params[spec.name].grad is not None:
                 got[spec.grad] = self.params[spec.name].grad.detach().clone()
-        self.last = None
         return got
 
 

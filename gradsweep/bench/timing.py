@@ -87,6 +87,11 @@ class Timer(Protocol):
 
     def e2e(self, calls: Sequence[Fn]) -> Timing: ...
 
+    def e2e_host(self, calls: Sequence[Fn]) -> tuple[Timing, Timing | None]:
+        """(end to end, host time per call spent issuing the same samples' calls; None where the clock is the
+        host's own)."""
+        ...
+
     def kernels(self, calls: Sequence[Fn]) -> Timing | None: ...
 
     def host(self, fn: Fn) -> Timing: ...
@@ -178,6 +183,9 @@ class HostTimer:
 
         return _host_timing(rotate, self.budget, warm=False)
 
+    def e2e_host(self, calls: Sequence[Fn]) -> tuple[Timing, Timing | None]:
+        return self.e2e(calls), None  # the end-to-end clock is the host's: no second figure
+
     def kernels(self, calls: Sequence[Fn]) -> Timing | None:
         return None
 
@@ -206,18 +214,21 @@ class CudaTimer:
     def _sync(self) -> None:
         self.torch.cuda.synchronize()
 
-    def _batch(self, calls: Sequence[Fn], n: int) -> float:
-        """Per-call ms of n back-to-back calls between two events, the device idle at the start."""
+    def _batch(self, calls: Sequence[Fn], n: int) -> tuple[float, float]:
+        """(per-call ms of n back-to-back calls between two events, the device idle at the start; per-call ms
+        the host spent issuing them, from the first event's record to the last call's return)."""
         start = self.torch.cuda.Event(enable_timing=True)
         end = self.torch.cuda.Event(enable_timing=True)
         self._sync()
         start.record()
+        t0 = time.perf_counter()
         for _ in range(n):
             calls[self._cursor % len(calls)]()
             self._cursor += 1
+        issued = time.perf_counter() - t0
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / n
+        return start.elapsed_time(end) / n, issued * 1e3 / n
 
     def _warm(self, calls: Sequence[Fn]) -> None:
         for _ in range(self.budget.warmup):
@@ -226,14 +237,20 @@ class CudaTimer:
         self._sync()
 
     def e2e(self, calls: Sequence[Fn]) -> Timing:
+        return self.e2e_host(calls)[0]
+
+    def e2e_host(self, calls: Sequence[Fn]) -> tuple[Timing, Timing | None]:
+        """End to end, and the host's issue time of the same samples: a step whose issue time is close to its
+        end-to-end time is host-bound (the device waited for the host), one well under it is device-bound."""
         self._warm(calls)
-        one = max(self._batch(calls, 1), 1e-4)
+        one = max(self._batch(calls, 1)[0], 1e-4)
         inner = max(1, min(256, math.ceil(self.budget.sample_ms / one)))
         if inner > 1:
             inner = max(inner, len(calls))
         samples = max(self.budget.min_samples,
                       min(self.budget.max_samples, int(self.budget.target_s * 1e3 / (one * inner))))
-        return Timing.of([self._batch(calls, inner) for _ in range(samples)], inner)
+        runs = [self._batch(calls, inner) for _ in range(samples)]
+        return Timing.of([r[0] for r in runs], inner), Timing.of([r[1] for r in runs], inner)
 
     def kernels(self, calls: Sequence[Fn]) -> Timing | None:
         from torch.autograd import DeviceType

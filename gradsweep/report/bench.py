@@ -76,9 +76,10 @@ def _other(case: CaseRecord, fam: FamilyResult) -> str:
         ref = case.references[name]
         value = fam.metrics.get(f"e2e_vs_{name}")
         shown.append(f"vs {name} {fmt_metric('x', value)}" if ref.status == "ok" else f"{name} {ref.status}")
-    for metric in ("copy_fraction", "gemm_fraction", "e2e_vs_kernels", "peak_extra_gib", "host_us"):
+    for metric in ("copy_fraction", "gemm_fraction", "e2e_vs_kernels", "host_vs_e2e", "peak_extra_gib", "host_us"):
         if metric in fam.metrics:
-            label = {"e2e_vs_kernels": "e2e/kernels"}.get(metric, metric.replace("_fraction", ""))
+            label = {"e2e_vs_kernels": "e2e/kernels", "host_vs_e2e": "host/e2e"}.get(
+                metric, metric.replace("_fraction", ""))
             shown.append(f"{label} {fmt_metric(metric, fam.metrics[metric])}")
     return ", ".join(shown)
 
@@ -161,6 +162,12 @@ def _untargeted_metric(fam: FamilyResult) -> str:
     return ratios[0] if ratios else next(iter(fam.metrics))
 
 
+TABLE_HEAD = "| op | case | family | metric | end to end | kernels only | host / e2e | target | |"
+TABLE_RULE = "|---|---|---|---|---|---|---|---|---|"
+HOST_NOTE = ("host / e2e: the family's host time issuing the timed calls over their end-to-end time (same samples); "
+             "near 1.00x the step is host-bound (the device waited for Python), well under it device-bound.")
+
+
 def _md_rows(pred: BenchPredicate) -> list[str]:
     rows = []
     for case in pred.cases:
@@ -177,9 +184,11 @@ def _md_rows(pred: BenchPredicate) -> list[str]:
                     else "not measured"
                 if fam.status != "ok":
                     state = f"**{fam.status}**"
+                host = fmt_metric("host_vs_e2e", fam.metrics.get("host_vs_e2e")) if e2e else "-"
                 rows.append(f"| {case.op} | {_esc(case.title)} | {name} | {metric} | "
                             f"{fmt_metric(metric, fam.metrics.get(e2e)) if e2e else '-'} | "
-                            f"{fmt_metric(metric, fam.metrics.get(kernels)) if kernels else '-'} | {bound} | {state} |")
+                            f"{fmt_metric(metric, fam.metrics.get(kernels)) if kernels else '-'} | {host} | {bound} | "
+                            f"{state} |")
     return rows
 
 
@@ -200,8 +209,7 @@ def render_bench_markdown(pred: BenchPredicate, banners: Sequence[str] = (), not
         out += ["", f"Ceilings of the same run: copy {pred.ceilings.copy_gbps:.0f} GB/s, cuBLAS bf16 "
                     f"{pred.ceilings.gemm_tflops:.0f} TFLOP/s. End to end: the public call as a trainer makes it "
                     "(planning, uploads, launches, kernels); kernels only: device busy time."]
-    out += ["", "| op | case | family | metric | end to end | kernels only | target | |",
-            "|---|---|---|---|---|---|---|---|", *_md_rows(pred)]
+    out += ["", HOST_NOTE, "", TABLE_HEAD, TABLE_RULE, *_md_rows(pred)]
     return "\n".join(out) + "\n"
 
 
@@ -218,8 +226,7 @@ def readme_block(pred: BenchPredicate, evidence: str) -> str:
         lines.append(f"Same-run ceilings: copy {pred.ceilings.copy_gbps:.0f} GB/s, cuBLAS bf16 "
                      f"{pred.ceilings.gemm_tflops:.0f} TFLOP/s. End to end = what a training step pays (planning, "
                      "uploads, launches, kernels); kernels only = device busy time.")
-    lines += ["", "| op | case | family | metric | end to end | kernels only | target | |",
-              "|---|---|---|---|---|---|---|---|", *_md_rows(pred)]
+    lines += [HOST_NOTE, "", TABLE_HEAD, TABLE_RULE, *_md_rows(pred)]
     return "\n".join(lines) + "\n"
 
 
