@@ -37,9 +37,19 @@ def kernel_families(module: str) -> tuple[Family, ...]:
     return tuple(fam for fam in KERNEL_FAMILIES if has_kernel_module(fam, module))
 
 
+_LOADED: dict[tuple[str, str], ModuleType] = {}
+
+
 def kernel_module(family: str, module: str) -> ModuleType:
-    """Import a family's kernel module lazily (inside the worker, after its env is set); never another family's."""
+    """Import a family's kernel module lazily (inside the worker, after its env is set); never another family's.
+
+    Kept once imported: every op call asks for its module, and ``import_module`` costs a few us of host time a
+    call even for a loaded module (what a small launch is bound by)."""
+    loaded = _LOADED.get((family, module))
+    if loaded is not None:
+        return loaded
     if family not in KERNEL_PACKAGES:
         raise ValueError(f"family {family!r}: use one of {', '.join(KERNEL_FAMILIES)} "
                          f"(or {STOCK_FAMILY!r} for stock ops)")
-    return import_module(f"gradsweep.{KERNEL_PACKAGES[family]}.{module}")  # type: ignore[index]
+    loaded = _LOADED[(family, module)] = import_module(f"gradsweep.{KERNEL_PACKAGES[family]}.{module}")  # type: ignore[index]
+    return loaded

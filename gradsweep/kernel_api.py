@@ -17,9 +17,14 @@ from gradsweep.uploads import upload
 
 
 # ------------------------------------------------------------------------------------------------ argument checks
-def records_graph(*tensors: torch.Tensor) -> bool:
-    """Whether a call must go through its autograd Function: grad mode on and some input requiring grad."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def records_graph(*args: object) -> bool:
+    """Whether a call must go through its autograd Function: grad mode on and some tensor argument requiring
+    grad (other arguments are ignored). A plain loop: it runs on every call of every op."""
+    if torch.is_grad_enabled():
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                return True
+    return False
 
 
 class _NoGraph:
@@ -39,7 +44,7 @@ def run_function(fn: type[torch.autograd.Function], *args):
     """``fn.apply(*args)``, or ``fn``'s forward alone when nothing would be recorded (grad mode off, or no tensor
     argument requiring grad): the same launches and bits without apply's host cost (~10 us, what an inference
     call of a small-M GEMM or a norm is bound by). Tensors must be top-level arguments."""
-    if records_graph(*(a for a in args if isinstance(a, torch.Tensor))):
+    if records_graph(*args):
         return fn.apply(*args)
     return fn.forward(_NoGraph(), *args)
 

@@ -57,5 +57,6 @@ def test_a_graph_goes_through_apply_and_backpropagates(counted):
 def test_records_graph_needs_grad_mode_and_a_tensor_requiring_grad():
     a, b = torch.zeros(1), torch.zeros(1, requires_grad=True)
     assert records_graph(a, b) and not records_graph(a)
+    assert records_graph(1.0, None, b) and not records_graph(a, 3, None)  # other arguments are ignored
     with torch.no_grad():
         assert not records_graph(a, b)

@@ -117,8 +117,7 @@ def dw_fold_raw(plan: torch.Tensor, x: torch.Tensor, dy: torch.Tensor,
     rt.check_tensor("dw_fold dY", dy)
     rt.check_tensor("dw_fold main_grad", main_grad, torch.float32)
     x, dy = _rows_contiguous(x), _rows_contiguous(dy)
-    if plan.dtype != torch.int32 or plan.device != x.device or not plan.is_contiguous():
-        plan = plan.to(device=x.device, dtype=torch.int32).contiguous()
+    plan = rt.like(plan, x, torch.int32)
     dev, stream = rt.launch(x)
     rt.ext().gemm_dw_fold(rt.ptr(plan), n_tiles, bt, rt.ptr(dy), rt.ptr(x), rt.ptr(main_grad), x.shape[0], n, k,
                           dy.stride(0), x.stride(0), main_grad.stride(0), dev, stream)

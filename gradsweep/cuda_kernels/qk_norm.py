@@ -39,7 +39,7 @@ def _fold_dweight(x: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, rows: R
     if step.num_tiles == 0 or head_dim == 0:
         return
     dy_s, x_s, r_s = (t.contiguous() for t in step.tensors)
-    plan = step.plan.to(device=x.device, dtype=torch.int32).contiguous()
+    plan = rt.like(step.plan, x, torch.int32)
     partial = torch.empty((step.num_tiles, head_dim), dtype=torch.float32, device=x.device)
     dev, stream = rt.launch(x)
     ext = rt.ext()

@@ -50,7 +50,7 @@ def rms_norm_fold_dweight(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
     if step.num_tiles == 0 or hidden == 0:
         return
     dy_s, x_s, r_s = (t.contiguous() for t in step.tensors)
-    plan = step.plan.to(device=x.device, dtype=torch.int32).contiguous()
+    plan = rt.like(step.plan, x, torch.int32)
     partial = torch.empty((step.num_tiles, hidden), dtype=torch.float32, device=x.device)
     dev, stream = rt.launch(x)
     ext = rt.ext()

@@ -93,9 +93,22 @@ _RAW_STREAM = _raw_stream_getter()
 
 
 def launch(t: torch.Tensor) -> tuple[int, int]:
-    """(device index, raw stream handle) for a launch on t's device and torch's current stream there."""
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    """(device index, raw stream handle) for a launch on t's device and torch's current stream there.
+
+    ``get_device()`` is the index as an int (a CUDA tensor's is never -1); ``t.device`` would build a
+    ``torch.device`` object (twice here before), host time paid on every launch."""
+    index = t.get_device()
+    if index < 0:
+        raise ValueError(f"a CUDA kernel got a tensor on {t.device}; its arguments must be on the GPU")
     return index, int(_RAW_STREAM(index))
+
+
+def like(t: torch.Tensor, other: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t as a contiguous ``dtype`` tensor on other's device: t itself when it already is one (a fold's plan
+    usually is; the checks cost less host time than ``.to(...).contiguous()`` on a tensor that needs nothing)."""
+    if t.dtype == dtype and t.get_device() == other.get_device() and t.is_contiguous():
+        return t
+    return t.to(device=other.device, dtype=dtype).contiguous()
 
 
 def ptr(t: torch.Tensor | None) -> int:

@@ -10,7 +10,7 @@ here only.
 
 from __future__ import annotations
 
-import os
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -19,11 +19,8 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
-from gradsweep.triton_kernels._launch import FastLaunch
+from gradsweep.triton_kernels._launch import INTERPRET, FastLaunch
 from gradsweep.uploads import upload
-
-# Read once, before any kernel below is decorated: TRITON_INTERPRET must be set before import.
-INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
 
 # Constexpr twin of INTERPRET for jit code: the interpreter's fp32 -> bf16 cast truncates.
 SOFT_RNE = tl.constexpr(INTERPRET)
@@ -200,16 +197,21 @@ def norm_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tens
     partials are folded into fold.main_grad in canonical order.
     """
     n_rows = x.shape[0]
-    row_elems = int(np.prod(x.shape[1:]))
+    row_elems = math.prod(x.shape[1:])
     dy = dy.contiguous()
     dx = torch.empty_like(x) if need_dx else None
     dx_arg = dx if dx is not None else x
-    empty = torch.empty(0, dtype=torch.float32, device=x.device)
-    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    def rest_launch(direct: tuple[np.ndarray, np.ndarray]) -> None:
+        """dx of the rows the fold step did not cover (no partials); the arrays: runs read in place."""
+        rest = rest_desc(n_rows, direct, tile)
+        if len(rest):
+            launch(upload(rest, x.device), x, dy, x, dy, dx=dx_arg,
+                   partials=torch.empty(0, dtype=torch.float32, device=x.device), fold=False, store_dx=True)
+
     if fold is None:
         if need_dx and x.numel():
-            launch(upload(rest_desc(n_rows, none, tile), x.device), x, dy, x, dy, dx=dx_arg, partials=empty,
-                   fold=False, store_dx=True)
+            rest_launch((np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
         return dx
     if rows is None or rows.num_rows != n_rows:
         raise ValueError(f"{op}: rows must describe every row of x")
@@ -222,9 +224,7 @@ def norm_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tens
         launch(step.desc, x, dy, xs, dys, dx=dx_arg, partials=partials, fold=True, store_dx=need_dx)
         fold_partials(partials, fold.main_grad.view(-1))
     if need_dx and x.numel() and not step.covers(n_rows):
-        rest = rest_desc(n_rows, step.direct_rows(), tile)
-        if len(rest):
-            launch(upload(rest, x.device), x, dy, x, dy, dx=dx_arg, partials=empty, fold=False, store_dx=True)
+        rest_launch(step.direct_rows())
     return dx
 
 

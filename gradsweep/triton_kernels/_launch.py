@@ -22,8 +22,10 @@ import os
 import torch
 import triton
 
-# Read once at import, as _common.INTERPRET is (TRITON_INTERPRET must be set before import).
-FAST_LAUNCH = os.environ.get("GRADSWEEP_FAST_LAUNCH", "1") == "1" and os.environ.get("TRITON_INTERPRET") != "1"
+# Read once, before any kernel is decorated: TRITON_INTERPRET must be set before import (the family's one reading
+# of it: _common re-exports INTERPRET).
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
+FAST_LAUNCH = os.environ.get("GRADSWEEP_FAST_LAUNCH", "1") == "1" and not INTERPRET
 
 
 def _bind(args) -> tuple[tuple, list]:

@@ -163,7 +163,8 @@ _SMS: dict[int, int] = {}
 def _tma_ok(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> bool:
     """Whether the TMA kernel can take this call: GPU, M >= TMA_MIN_M, a [M,K] and w [N,K] contiguous 16-bit,
     out contiguous, base addresses 16-byte aligned and row pitches multiples of 16 bytes (TMA's rules)."""
-    if INTERPRET or TensorDescriptor is None or a.device.type != "cuda" or a.shape[0] < TMA_MIN_M:
+    # the row count first (every small-M launch asks; ``a.device`` would build a torch.device object)
+    if a.shape[0] < TMA_MIN_M or INTERPRET or TensorDescriptor is None or not a.is_cuda:
         return False
     if a.dtype not in (torch.bfloat16, torch.float16) or w.dtype != a.dtype or out.dtype not in _TMA_DTYPES:
         return False
