@@ -9,7 +9,8 @@ where a step's host time goes, to decide what to cut next.
     PYTHONPATH=. python3 scripts/host_probe.py OUT --op rms_norm --op qk_norm --profile cuda --profile triton
 
 cProfile sees the calling thread only: a backward that the autograd engine runs on its device thread shows up
-inside ``run_backward`` as one opaque entry (compare its own time with the family's backward functions).
+inside ``run_backward`` as one opaque entry, unless ``--backward-on-caller`` (the engine then runs backwards on
+the calling thread while profiling: the Python backwards, fold planning included, show up by name).
 """
 
 from __future__ import annotations
@@ -44,15 +45,20 @@ def host_us(step: Callable[[], object], calls: int, n: int) -> tuple[float, floa
     return host, (time.perf_counter() - t0) / n / calls * 1e6
 
 
-def profile(step: Callable[[], object], n: int, top: int) -> str:
+def profile(step: Callable[[], object], n: int, top: int, on_caller: bool = False) -> str:
+    if on_caller:  # the autograd engine's device threads are invisible to cProfile
+        torch.autograd.set_multithreading_enabled(False)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(n):
         step()
     prof.disable()
+    torch.autograd.set_multithreading_enabled(True)
     torch.cuda.synchronize()
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
     return out.getvalue()
 
 
@@ -76,6 +82,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--fold-plan", action="store_true", help="also the fold_plan cases")
     ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
+    ap.add_argument("--backward-on-caller", action="store_true",
+                    help="profile with the autograd engine on the calling thread (Python backwards by name)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "host_probe.txt").open("a")
@@ -109,7 +117,7 @@ def main() -> None:
                 h, d = host_us(step, 1, args.steps)
                 say(f"{case.id} [{name}] {mode}: host {h:.0f} us per step, drained {d:.0f} us")
                 if name in args.profile:
-                    say(profile(step, max(args.steps // 2, 20), args.top))
+                    say(profile(step, max(args.steps // 2, 20), args.top, args.backward_on_caller))
         del subject, refs
         torch.cuda.empty_cache()
 

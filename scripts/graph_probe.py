@@ -1,0 +1,144 @@
+"""Which bench steps a CUDA graph can capture and replay with the eager step's bits: a diagnostic for issue 11
+("launches that can be captured in a CUDA graph"), not a benchmark and not evidence.
+
+For each bench case of the chosen ops (the steps ``gradsweep bench`` times, at their shapes and layouts), every
+family's step and the stock step: two eager warm-up steps (plans, caches, compilation), an eager step whose
+outputs and gradients are kept, then one step captured in a ``torch.cuda.CUDAGraph`` and replayed twice (the main
+grads zeroed before each replay, outside the graph); the replay's outputs and gradients are compared with the
+eager ones bit for bit. It prints, per step: captured or the exception that stopped the capture, the tensors that
+differ after replay, and the replay's time per step against the eager step's (CUDA events, no host work in a
+replay: what a server's captured decode step or a captured training step pays).
+
+    PYTHONPATH=. python3 scripts/graph_probe.py OUT --op det_gemm --case fwd_m1 --case fwd_m16 --op attention
+
+A capture fails where a step reads device data back to the host (a sync), uploads through pageable memory, or
+allocates what the capture cannot; a replay differs where a captured upload's pinned host buffer or a plan
+cached on the host changed after the capture. Neither is a verdict on a kernel's bits: the sweep's evidence is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from gradsweep.bench.catalog import RUNNERS
+from gradsweep.bench.runner import OpStep
+from gradsweep.bench.subjects import OpSubject
+from gradsweep.bench.suite import select
+from gradsweep.manifest import load_manifest
+from gradsweep.ops.registry import get_op
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous()
+    view = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
+            torch.float64: torch.int64}.get(t.dtype)
+    return t.view(view) if view is not None else t
+
+
+def differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    """Names whose tensors are not bitwise equal (or are missing on one side)."""
+    out = [n for n in sorted(set(a) | set(b)) if n not in a or n not in b]
+    for n in sorted(set(a) & set(b)):
+        if a[n].shape != b[n].shape or a[n].dtype != b[n].dtype or not torch.equal(_bits(a[n]), _bits(b[n])):
+            out.append(n)
+    return out
+
+
+def per_step_ms(fn, n: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def probe(step: OpStep) -> str:
+    """One line: capture, replay bits, replay and eager time per step."""
+    for _ in range(2):
+        step()
+    eager = step.collect()
+    eager_ms = per_step_ms(step)
+    graph = torch.cuda.CUDAGraph()
+    step.zero_main_grads()
+    torch.cuda.synchronize()
+    try:
+        with torch.cuda.graph(graph):
+            last = step.record()
+    except Exception as exc:  # what stopped the capture is the finding
+        torch.cuda.synchronize()
+        return f"capture failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    step.last = None
+    diffs: list[str] = []
+    for _ in range(2):
+        step.zero_main_grads()
+        graph.replay()
+        torch.cuda.synchronize()
+        diffs = differing(eager, step.gathered(last))
+        if diffs:
+            break
+
+    def replay() -> None:
+        step.zero_main_grads()
+        graph.replay()
+    replay_ms = per_step_ms(replay)
+    state = "replay == eager bitwise" if not diffs else f"replay DIFFERS in {', '.join(diffs)}"
+    return f"captured; {state}; replay {replay_ms:.3f} ms vs eager {eager_ms:.3f} ms per step"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--manifest", default="manifests/h200.yaml")
+    ap.add_argument("--op", action="append", default=[], help="ops whose bench cases are probed")
+    ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = (args.out / "graph_probe.txt").open("a")
+    device = torch.device("cuda")
+    sel = select(load_manifest(args.manifest), args.op or None, None, False, "cuda")
+    for case in sel.cases:
+        if case.host_only or (args.case and not any(c in case.id for c in args.case)):
+            continue
+        mode = {"bwd": "fwd_bwd"}.get(case.phase, case.phase)
+        slots = {s.family: s.candidate for s in sel.slots[case.id] if s.candidate is not None}
+        t0 = time.perf_counter()
+        try:
+            subject = RUNNERS.get(case.runner, OpSubject)(case, get_op(case.op), slots, device, 0)
+        except Exception as exc:
+            line = f"{case.id}: subject failed: {type(exc).__name__}: {exc}"
+            print(line, flush=True)
+            log.write(line + "\n")
+            continue
+        refs = [(family, subject.family(family, mode)) for family in slots]
+        refs.append(("stock", subject.reference("stock", mode)))
+        for name, ref in refs:
+            if ref is None:
+                continue
+            step = ref.calls[0]
+            if not isinstance(step, OpStep):
+                line = f"{case.id} [{name}] {mode}: not an op step (custom runner): not probed"
+            else:
+                with ref.context():
+                    try:
+                        line = f"{case.id} [{name}] {mode}: {probe(step)}"
+                    except Exception as exc:
+                        why = " ".join(str(exc).split())[:300]
+                        line = f"{case.id} [{name}] {mode}: error {type(exc).__name__}: {why}"
+            print(line, flush=True)
+            log.write(line + "\n")
+            log.flush()
+        del subject, refs
+        torch.cuda.empty_cache()
+        print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
