@@ -24,12 +24,8 @@ from pathlib import Path
 
 import torch
 
-from gradsweep.bench.catalog import RUNNERS
 from gradsweep.bench.runner import OpStep
-from gradsweep.bench.subjects import OpSubject
-from gradsweep.bench.suite import select
-from gradsweep.manifest import load_manifest
-from gradsweep.ops.registry import get_op
+from scripts.probe_cases import case_steps
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -103,41 +99,28 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "graph_probe.txt").open("a")
     device = torch.device("cuda")
-    sel = select(load_manifest(args.manifest), args.op or None, None, False, "cuda")
-    for case in sel.cases:
-        if case.host_only or (args.case and not any(c in case.id for c in args.case)):
-            continue
-        mode = {"bwd": "fwd_bwd"}.get(case.phase, case.phase)
-        slots = {s.family: s.candidate for s in sel.slots[case.id] if s.candidate is not None}
-        t0 = time.perf_counter()
-        try:
-            subject = RUNNERS.get(case.runner, OpSubject)(case, get_op(case.op), slots, device, 0)
-        except Exception as exc:
-            line = f"{case.id}: subject failed: {type(exc).__name__}: {exc}"
-            print(line, flush=True)
-            log.write(line + "\n")
-            continue
-        refs = [(family, subject.family(family, mode)) for family in slots]
-        refs.append(("stock", subject.reference("stock", mode)))
-        for name, ref in refs:
-            if ref is None:
-                continue
-            step = ref.calls[0]
-            if not isinstance(step, OpStep):
-                line = f"{case.id} [{name}] {mode}: not an op step (custom runner): not probed"
-            else:
-                with ref.context():
-                    try:
-                        line = f"{case.id} [{name}] {mode}: {probe(step)}"
-                    except Exception as exc:
-                        why = " ".join(str(exc).split())[:300]
-                        line = f"{case.id} [{name}] {mode}: error {type(exc).__name__}: {why}"
+    t0 = time.perf_counter()
+    for found in case_steps(args.manifest, args.op, args.case, device):
+        if isinstance(found, tuple):
+            lines = [f"{found[0].id}: subject failed: {type(found[1]).__name__}: {found[1]}"]
+        else:
+            lines = [f"{found.case.id} [{name}] {found.mode}: {_probe_ref(ref)}" for name, ref in found.refs]
+        for line in [*lines, f"  ({time.perf_counter() - t0:.0f} s)"]:
             print(line, flush=True)
             log.write(line + "\n")
             log.flush()
-        del subject, refs
-        torch.cuda.empty_cache()
-        print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        t0 = time.perf_counter()
+
+
+def _probe_ref(ref) -> str:
+    step = ref.calls[0]
+    if not isinstance(step, OpStep):
+        return "not an op step (custom runner): not probed"
+    with ref.context():
+        try:
+            return probe(step)
+        except Exception as exc:  # reported, and the probe goes on
+            return f"error {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
 
 if __name__ == "__main__":

@@ -25,11 +25,8 @@ from pathlib import Path
 
 import torch
 
-from gradsweep.bench.catalog import RUNNERS, fold_plan
-from gradsweep.bench.subjects import OpSubject
-from gradsweep.bench.suite import select
-from gradsweep.manifest import load_manifest
-from gradsweep.ops.registry import get_op
+from gradsweep.bench.catalog import fold_plan
+from scripts.probe_cases import case_steps
 
 
 def host_us(step: Callable[[], object], calls: int, n: int) -> tuple[float, float]:
@@ -100,27 +97,16 @@ def main() -> None:
             fn, calls = subject.host_step("host")
             h, d = host_us(fn, calls, args.steps)
             say(f"fold_plan {case.name}: host {h:.0f} us per call, drained {d:.0f} us")
-    sel = select(load_manifest(args.manifest), args.op or None, None, False, "cuda")
-    for case in sel.cases:
-        if case.host_only or (args.case and not any(c in case.id for c in args.case)):
-            continue
-        mode = {"bwd": "fwd_bwd"}.get(case.phase, case.phase)
-        slots = {s.family: s.candidate for s in sel.slots[case.id] if s.candidate is not None}
-        subject = RUNNERS.get(case.runner, OpSubject)(case, get_op(case.op), slots, device, 0)
-        refs = [(family, subject.family(family, mode)) for family in slots]
-        refs.append(("stock", subject.reference("stock", mode)))
-        for name, ref in refs:
-            if ref is None:
-                continue
+    for found in case_steps(args.manifest, args.op, args.case, device):
+        if isinstance(found, tuple):
+            raise found[1]
+        for name, ref in found.refs:
             step = rotate(ref.calls)
             with ref.context():
                 h, d = host_us(step, 1, args.steps)
-                say(f"{case.id} [{name}] {mode}: host {h:.0f} us per step, drained {d:.0f} us")
+                say(f"{found.case.id} [{name}] {found.mode}: host {h:.0f} us per step, drained {d:.0f} us")
                 if name in args.profile:
                     say(profile(step, max(args.steps // 2, 20), args.top, args.backward_on_caller))
-        del subject, refs
-        torch.cuda.empty_cache()
-
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,51 @@
+"""The bench steps a device probe walks (scripts/host_probe.py, scripts/graph_probe.py): each selected bench case
+of a manifest at its own shapes and layouts, with every family's step and the stock step, as ``gradsweep bench``
+builds them. Diagnostics only: nothing here times or signs anything."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gradsweep.bench.baselines import Reference
+from gradsweep.bench.cases import Case
+from gradsweep.bench.catalog import RUNNERS
+from gradsweep.bench.subjects import OpSubject
+from gradsweep.bench.suite import select
+from gradsweep.manifest import load_manifest
+from gradsweep.ops.registry import get_op
+
+
+@dataclass
+class CaseSteps:
+    """One case's steps: ``refs`` holds (family or "stock", its Reference) for the case's training mode."""
+
+    case: Case
+    mode: str
+    refs: list[tuple[str, Reference]]
+
+
+def case_steps(manifest: str, ops: Sequence[str], case_filters: Sequence[str],
+               device: torch.device) -> Iterator[CaseSteps | tuple[Case, Exception]]:
+    """Each selected op case (host-only cases skipped; ``case_filters``: ids containing one of them), or
+    (case, exception) when its data or subject could not be built. The device's cache is emptied between cases."""
+    sel = select(load_manifest(manifest), list(ops) or None, None, False, "cuda")
+    for case in sel.cases:
+        if case.host_only or (case_filters and not any(c in case.id for c in case_filters)):
+            continue
+        mode = {"bwd": "fwd_bwd"}.get(case.phase, case.phase)
+        slots = {s.family: s.candidate for s in sel.slots[case.id] if s.candidate is not None}
+        try:
+            subject = RUNNERS.get(case.runner, OpSubject)(case, get_op(case.op), slots, device, 0)
+        except Exception as exc:  # the probe reports it and goes on
+            yield case, exc
+            continue
+        refs = [(family, subject.family(family, mode)) for family in slots]
+        stock = subject.reference("stock", mode)
+        if stock is not None:
+            refs.append(("stock", stock))
+        yield CaseSteps(case, mode, refs)
+        del subject, refs
+        torch.cuda.empty_cache()
