@@ -169,3 +169,53 @@ def test_device_spans_read_the_public_profiler_events():
                                            ev("Memcpy DtoD", "cuda", 2.0, 4.0)])
     spans = device_spans(prof, "cuda")
     assert spans == [(1000, 3000), (2000, 4000)] and merged_busy_ns(spans) == 3000
+
+
+class _FakeCudaClock:
+    """Stands in for ``torch`` inside CudaTimer on a CPU box: events whose elapsed time is a fixed device time per
+    recorded call, so the host clock (the issue time) and the device clock (e2e) can be told apart."""
+
+    def __init__(self, device_ms_per_call: float) -> None:
+        self.per_call, self.calls, self.marks = device_ms_per_call, 0, []
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.at = 0
+
+            def record(self) -> None:
+                self.at = clock.calls
+
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_time(self, end: Event) -> float:
+                return (end.at - self.at) * clock.per_call
+
+        self.cuda = type("cuda", (), {"Event": Event, "synchronize": staticmethod(lambda: None)})
+
+
+def test_cuda_timer_issue_time_is_the_host_clock_of_the_same_samples():
+    """e2e comes from the events, the issue time from the host's clock around the same calls: a host-bound step
+    (here: 2 ms of host per call against 0.5 ms of device) shows issue >= its host time, a device-bound one
+    (0.01 ms of host against 5 ms of device) an issue time far under its e2e."""
+    import time
+
+    from gradsweep.bench.timing import Budget, CudaTimer
+
+    for host_ms, device_ms in ((2.0, 0.5), (0.01, 5.0)):
+        timer = CudaTimer(Budget(target_s=0.02, sample_ms=4.0, min_samples=3, max_samples=3, warmup=1))
+        fake = _FakeCudaClock(device_ms)
+        timer.torch = fake
+
+        def call(fake=fake, host_ms=host_ms) -> None:
+            end = time.perf_counter() + host_ms * 1e-3
+            while time.perf_counter() < end:
+                pass
+            fake.calls += 1
+
+        e2e, issue = timer.e2e_host([call])
+        assert e2e.median_ms == device_ms and e2e.samples == 3
+        assert issue is not None and issue.samples == 3 and issue.calls_per_sample == e2e.calls_per_sample
+        assert host_ms <= issue.median_ms < host_ms + 1.0, issue
+    assert timer.e2e([call]).median_ms == 5.0  # e2e alone: the same device figure
