@@ -5,9 +5,10 @@ For each bench case of the chosen ops (the steps ``gradsweep bench`` times, at t
 family's step and the stock step: two eager warm-up steps (plans, caches, compilation), an eager step whose
 outputs and gradients are kept, then one step captured in a ``torch.cuda.CUDAGraph`` and replayed twice (the main
 grads zeroed before each replay, outside the graph); the replay's outputs and gradients are compared with the
-eager ones bit for bit. It prints, per step: captured or the exception that stopped the capture, the tensors that
-differ after replay, and the replay's time per step against the eager step's (CUDA events, no host work in a
-replay: what a server's captured decode step or a captured training step pays).
+eager ones bit for bit (``bench.checks.compare_logical``, the bench's timed-data check). It prints, per step:
+captured or the exception that stopped the capture, the tensors that differ after replay, and the replay's time
+per step against the eager step's (CUDA events, no host work in a replay: what a server's captured decode step or
+a captured training step pays).
 
     PYTHONPATH=. python3 scripts/graph_probe.py OUT --op det_gemm --case fwd_m1 --case fwd_m16 --op attention
 
@@ -24,24 +25,9 @@ from pathlib import Path
 
 import torch
 
+from gradsweep.bench.checks import compare_logical
 from gradsweep.bench.runner import OpStep
 from scripts.probe_cases import case_steps
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().contiguous()
-    view = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
-            torch.float64: torch.int64}.get(t.dtype)
-    return t.view(view) if view is not None else t
-
-
-def differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
-    """Names whose tensors are not bitwise equal (or are missing on one side)."""
-    out = [n for n in sorted(set(a) | set(b)) if n not in a or n not in b]
-    for n in sorted(set(a) & set(b)):
-        if a[n].shape != b[n].shape or a[n].dtype != b[n].dtype or not torch.equal(_bits(a[n]), _bits(b[n])):
-            out.append(n)
-    return out
 
 
 def per_step_ms(fn, n: int = 20) -> float:
@@ -77,7 +63,7 @@ def probe(step: OpStep) -> str:
         step.zero_main_grads()
         graph.replay()
         torch.cuda.synchronize()
-        diffs = differing(eager, step.gathered(last))
+        diffs = compare_logical(eager, step.gathered(last))  # the bench's own raw-bit check ("split run": replay)
         if diffs:
             break
 
@@ -85,7 +71,7 @@ def probe(step: OpStep) -> str:
         step.zero_main_grads()
         graph.replay()
     replay_ms = per_step_ms(replay)
-    state = "replay == eager bitwise" if not diffs else f"replay DIFFERS in {', '.join(diffs)}"
+    state = "replay == eager bitwise" if not diffs else f"replay DIFFERS: {'; '.join(diffs[:6])}"
     return f"captured; {state}; replay {replay_ms:.3f} ms vs eager {eager_ms:.3f} ms per step"
 
 

@@ -43,14 +43,14 @@ def host_us(step: Callable[[], object], calls: int, n: int) -> tuple[float, floa
 
 
 def profile(step: Callable[[], object], n: int, top: int, on_caller: bool = False) -> str:
-    if on_caller:  # the autograd engine's device threads are invisible to cProfile
-        torch.autograd.set_multithreading_enabled(False)
     prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(n):
-        step()
-    prof.disable()
-    torch.autograd.set_multithreading_enabled(True)
+    # on_caller: backwards on this thread (the autograd engine's device threads are invisible to cProfile); the
+    # engine's setting before is restored on the way out
+    with torch.autograd.set_multithreading_enabled(not on_caller):
+        prof.enable()
+        for _ in range(n):
+            step()
+        prof.disable()
     torch.cuda.synchronize()
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
@@ -107,6 +107,7 @@ def main() -> None:
                 say(f"{found.case.id} [{name}] {found.mode}: host {h:.0f} us per step, drained {d:.0f} us")
                 if name in args.profile:
                     say(profile(step, max(args.steps // 2, 20), args.top, args.backward_on_caller))
+
 
 if __name__ == "__main__":
     main()
