@@ -219,3 +219,38 @@ def test_cuda_timer_issue_time_is_the_host_clock_of_the_same_samples():
         assert issue is not None and issue.samples == 3 and issue.calls_per_sample == e2e.calls_per_sample
         assert host_ms <= issue.median_ms < host_ms + 1.0, issue
     assert timer.e2e([call]).median_ms == 5.0  # e2e alone: the same device figure
+
+
+def test_cuda_timer_takes_the_samples_of_a_case_in_turn():
+    """e2e_rounds interleaves the implementations' samples (a drifting host slows each alike), runs each batch
+    inside its entry's context, and an entry whose calls raise gets its exception while the others finish."""
+    import contextlib
+
+    from gradsweep.bench.timing import Budget, CudaTimer, Entry
+
+    timer = CudaTimer(Budget(target_s=0.001, sample_ms=1.0, min_samples=3, max_samples=3, warmup=1))
+    timer.torch = fake = _FakeCudaClock(2.0)
+    order: list[str] = []
+    inside = {"b": False}
+
+    def call(name: str):
+        def run() -> None:
+            if name == "bad" and len([o for o in order if o == "bad"]) >= 2:
+                raise RuntimeError("planted: fails on its third call")
+            assert name != "b" or inside["b"], "b ran outside its context"
+            order.append(name)
+            fake.calls += 1
+        return run
+
+    @contextlib.contextmanager
+    def b_context():
+        inside["b"] = True
+        yield
+        inside["b"] = False
+
+    got = timer.e2e_rounds({"a": Entry([call("a")]), "b": Entry([call("b")], b_context),
+                            "bad": Entry([call("bad")])})
+    assert isinstance(got["bad"], RuntimeError)
+    assert got["a"][0].median_ms == 2.0 and got["a"][0].samples == 3 and got["b"][0].samples == 3
+    timed = [o for o in order[6:] if o != "bad"]  # after each one's warm-up and first timed call
+    assert timed == ["a", "b"] * 3, order

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from gradsweep.bench.predicate import CaseRecord, CheckRecord, FamilyResult, Imp
 from gradsweep.bench.subjects import OpSubject, Subject
 from gradsweep.bench.suite import HOST, Slot
 from gradsweep.bench.targets import Target
-from gradsweep.bench.timing import Timer
+from gradsweep.bench.timing import Entry, Timer
 from gradsweep.errors import one_line
 
 
@@ -31,26 +32,68 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {one_line(exc)}"[:500]
 
 
-def _measure(label: str, kind: str, impl: str | None, get: Callable[[str], Reference | None], case: Case,
-             timer: Timer) -> ImplRecord:
-    record = ImplRecord(label=label, kind=kind, impl=impl)  # type: ignore[arg-type]
+@dataclass(frozen=True)
+class _Impl:
+    """An implementation of a case to time: a reference (baseline, anchor) or a family."""
+
+    label: str
+    kind: str
+    impl: str | None
+    get: Callable[[str], Reference | None]
+
+
+def _measure_all(impls: list[_Impl], case: Case, timer: Timer) -> dict[str, ImplRecord]:
+    """Time every implementation of the case, mode by mode: the end-to-end samples in turn (``Timer.e2e_rounds``:
+    a drifting host slows every side alike), then each one's kernels figure and peak memory. An implementation
+    that raises is recorded as an error (or not_applicable when it has no path for a mode); the others go on."""
     modes = MEASURED[case.phase]
-    e2e, kernels, issue, peak = {}, {}, {}, None
+    records = {i.label: ImplRecord(label=i.label, kind=i.kind, impl=i.impl) for i in impls}  # type: ignore[arg-type]
+    figures: dict[str, dict] = {i.label: {"e2e": {}, "kernels": {}, "issue": {}, "peak": None} for i in impls}
+
+    def fail(label: str, exc: BaseException) -> None:
+        records[label] = records[label].model_copy(update={"status": "error", "reason": _error(exc)})
+        _free()
+
     for mode in modes:
-        ref = get(mode)
-        if ref is None:
-            return record.model_copy(update={"status": "not_applicable",
-                                             "reason": f"{label} has no {mode} path for {case.op}"})
-        with ref.context():
-            e2e[mode], issued = timer.e2e_host(ref.calls)
-            if issued is not None:
-                issue[mode] = issued
-            kernels[mode] = timer.kernels(ref.calls)
-            if case.memory and mode == modes[-1]:
-                peak = timer.peak_extra_bytes(ref.calls[0])
-        del ref
-    record = record.model_copy(update={"e2e": e2e, "kernels": kernels, "issue": issue, "peak_extra_bytes": peak})
-    return settle(record, case.phase)
+        refs: dict[str, Reference] = {}
+        for i in impls:
+            if records[i.label].status != "ok":
+                continue
+            try:
+                ref = i.get(mode)
+            except Exception as exc:  # recorded on the case and failing the run (anchors excepted): never hidden
+                fail(i.label, exc)
+                continue
+            if ref is None:
+                records[i.label] = records[i.label].model_copy(update={
+                    "status": "not_applicable", "reason": f"{i.label} has no {mode} path for {case.op}"})
+                continue
+            refs[i.label] = ref
+        timed = timer.e2e_rounds({label: Entry(ref.calls, ref.context) for label, ref in refs.items()})
+        for label, ref in refs.items():
+            got = timed[label]
+            if isinstance(got, Exception):
+                fail(label, got)
+                continue
+            fig = figures[label]
+            fig["e2e"][mode] = got[0]
+            if got[1] is not None:
+                fig["issue"][mode] = got[1]
+            try:
+                with ref.context():
+                    fig["kernels"][mode] = timer.kernels(ref.calls)
+                    if case.memory and mode == modes[-1]:
+                        fig["peak"] = timer.peak_extra_bytes(ref.calls[0])
+            except Exception as exc:
+                fail(label, exc)
+        del refs, timed
+    for label, rec in records.items():
+        if rec.status == "ok":
+            fig = figures[label]
+            records[label] = settle(rec.model_copy(update={
+                "e2e": fig["e2e"], "kernels": fig["kernels"], "issue": fig["issue"], "peak_extra_bytes": fig["peak"]}),
+                case.phase)
+    return records
 
 
 def _guarded(label: str, kind: str, impl: str | None, run: Callable[[], ImplRecord]) -> ImplRecord:
@@ -67,22 +110,22 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-def _references(case: Case, subject: Subject, timer: Timer) -> dict[str, ImplRecord]:
-    out: dict[str, ImplRecord] = {}
+def _family_impl(subject: Subject, slot: Slot) -> _Impl:
+    return _Impl(slot.family, "family", _impl(slot), lambda m: subject.family(slot.family, m))
+
+
+def _reference_impls(case: Case, subject: Subject) -> tuple[list[_Impl], dict[str, ImplRecord]]:
+    """The case's baselines and installed anchors to time, and the absent anchors' records."""
+    impls, absent = [], {}
     for name in case.baselines:
-        out[name] = _guarded(name, "baseline", None,
-                             lambda n=name: _measure(n, "baseline", None, lambda m, n=n: subject.reference(n, m),
-                                                     case, timer))
+        impls.append(_Impl(name, "baseline", None, lambda m, n=name: subject.reference(n, m)))
     for name in case.anchors:
         status = anchor_status(name)
         if not status.installed:
-            out[name] = ImplRecord(label=name, kind="anchor", status="absent", reason=status.reason)
+            absent[name] = ImplRecord(label=name, kind="anchor", status="absent", reason=status.reason)
             continue
-        version = status.version
-        out[name] = _guarded(name, "anchor", version,
-                             lambda n=name, v=version: _measure(n, "anchor", v, lambda m, n=n: subject.reference(n, m),
-                                                                case, timer))
-    return out
+        impls.append(_Impl(name, "anchor", status.version, lambda m, n=name: subject.reference(n, m)))
+    return impls, absent
 
 
 def _checks(case: Case, subject: Subject, slot: Slot, device: torch.device, contract: Path,
@@ -148,13 +191,21 @@ def run_case(case: Case, slots: list[Slot], timer: Timer, device: torch.device, 
             if s.family not in families:
                 families[s.family] = FamilyResult(profile=s.profile, impl=_impl(s), status="error", reason=_error(exc))
         return record.model_copy(update={"families": families})
-    references = _references(case, subject, timer) if not case.host_only else {}
+    references: dict[str, ImplRecord] = {}
+    measured: dict[str, ImplRecord] = {}
+    if not case.host_only:
+        ref_impls, absent = _reference_impls(case, subject)
+        fam_impls = [_family_impl(subject, s) for s in slots if s.family not in families]
+        say(f"  {case.id} [{', '.join(i.label for i in ref_impls + fam_impls)}: end to end in turn]")
+        measured = _measure_all(ref_impls + fam_impls, case, timer)
+        references = {**{i.label: measured[i.label] for i in ref_impls}, **absent}
+        references = {name: references[name] for name in case.references()}  # the case's order
     for s in slots:
         if s.family in families:
             continue
         say(f"  {case.id} [{s.family}]")
         families[s.family] = _family(case, s, subject, timer, device, ceilings, targets, contract, check_lengths,
-                                     references, None if spec is None else spec.layouts)
+                                     references, None if spec is None else spec.layouts, measured.get(s.family))
     del subject
     _free()
     return record.model_copy(update={"references": references, "families": families})
@@ -168,16 +219,14 @@ def _impl(slot: Slot) -> str:
 
 def _family(case: Case, slot: Slot, subject: Subject, timer: Timer, device: torch.device, ceilings: Ceilings | None,
             targets: list[Target], contract: Path, check_lengths: list[int], references: dict[str, ImplRecord],
-            op_layouts: tuple[str, ...] | None) -> FamilyResult:
+            op_layouts: tuple[str, ...] | None, measured: ImplRecord | None) -> FamilyResult:
+    """Checks, metrics and targets of one family; ``measured``: its timings (None for a host-only case)."""
     impl = _impl(slot)
-    if case.host_only:
+    if measured is None:
         def host() -> ImplRecord:
             fn, _calls = subject.host_step(slot.family)
             return ImplRecord(label=slot.family, kind="family", impl=impl, host=timer.host(fn))  # type: ignore[arg-type]
         measured = _guarded(slot.family, "family", impl, host)
-    else:
-        measured = _guarded(slot.family, "family", impl, lambda: _measure(
-            slot.family, "family", impl, lambda m: subject.family(slot.family, m), case, timer))
     checks: list[CheckRecord] = []
     status, reason = "ok", ""
     if measured.status == "error":

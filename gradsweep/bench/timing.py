@@ -13,6 +13,11 @@
   divided by the calls profiled. One sample per profiled round (``Budget.kernel_rounds``; a profiling session
   costs far more than a short call, so the default is one round of ``kernel_calls`` calls).
 - **peak extra memory**: the allocator's peak during one call above what was allocated before it.
+- **round robin** (``e2e_rounds``): the end-to-end samples of a case's implementations (the stock path, the
+  anchors, every family) are taken in turn, sample 1 of each, then sample 2 of each, ...: a host whose speed
+  drifts over the seconds of a case (measured on lent H200 boxes: the same stock call 25.0 then 19.5 us a minute
+  apart) slows every side alike instead of whichever was timed in the slow minute, and no side is always timed
+  first. Each implementation keeps its own calls per sample and sample count (set by its own speed).
 
 Each timing is the median of its samples with the spread (quartiles, min, max). ``HostTimer`` is the CPU
 smoke's wall clock (no device, no kernels figure); tests plant their own timer with the same interface.
@@ -20,12 +25,13 @@ smoke's wall clock (no device, no kernels figure); tests plant their own timer w
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -80,6 +86,17 @@ class Budget:
                       kernel_calls=2)
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One implementation of a case for ``Timer.e2e_rounds``: its calls and the context its timing runs in."""
+
+    calls: Sequence[Fn]
+    context: Callable[[], contextlib.AbstractContextManager[Any]] = field(default=contextlib.nullcontext)
+
+
+Rounds = dict[str, "tuple[Timing, Timing | None] | Exception"]
+
+
 class Timer(Protocol):
     """What the suite needs from a clock (``kind`` names it in the evidence)."""
 
@@ -90,6 +107,11 @@ class Timer(Protocol):
     def e2e_host(self, calls: Sequence[Fn]) -> tuple[Timing, Timing | None]:
         """(end to end, host time per call spent issuing the same samples' calls; None where the clock is the
         host's own)."""
+        ...
+
+    def e2e_rounds(self, entries: dict[str, Entry]) -> Rounds:
+        """``e2e_host`` of every entry, their samples taken in turn; an entry whose calls raise gets its
+        exception (the others go on)."""
         ...
 
     def kernels(self, calls: Sequence[Fn]) -> Timing | None: ...
@@ -186,6 +208,17 @@ class HostTimer:
     def e2e_host(self, calls: Sequence[Fn]) -> tuple[Timing, Timing | None]:
         return self.e2e(calls), None  # the end-to-end clock is the host's: no second figure
 
+    def e2e_rounds(self, entries: dict[str, Entry]) -> Rounds:
+        """One entry after the other (the CPU smoke claims no figures)."""
+        out: Rounds = {}
+        for label, entry in entries.items():
+            try:
+                with entry.context():
+                    out[label] = self.e2e_host(entry.calls)
+            except Exception as exc:  # the caller records it on that implementation
+                out[label] = exc
+        return out
+
     def kernels(self, calls: Sequence[Fn]) -> Timing | None:
         return None
 
@@ -242,6 +275,13 @@ class CudaTimer:
     def e2e_host(self, calls: Sequence[Fn]) -> tuple[Timing, Timing | None]:
         """End to end, and the host's issue time of the same samples: a step whose issue time is close to its
         end-to-end time is host-bound (the device waited for the host), one well under it is device-bound."""
+        got = self.e2e_rounds({"": Entry(calls)})[""]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _plan(self, calls: Sequence[Fn]) -> tuple[int, int]:
+        """(calls per sample, samples) for calls whose one call takes what a first timed call takes."""
         self._warm(calls)
         one = max(self._batch(calls, 1)[0], 1e-4)
         inner = max(1, min(256, math.ceil(self.budget.sample_ms / one)))
@@ -249,8 +289,32 @@ class CudaTimer:
             inner = max(inner, len(calls))
         samples = max(self.budget.min_samples,
                       min(self.budget.max_samples, int(self.budget.target_s * 1e3 / (one * inner))))
-        runs = [self._batch(calls, inner) for _ in range(samples)]
-        return Timing.of([r[0] for r in runs], inner), Timing.of([r[1] for r in runs], inner)
+        return inner, samples
+
+    def e2e_rounds(self, entries: dict[str, Entry]) -> Rounds:
+        out: Rounds = {}
+        plans: dict[str, tuple[int, int]] = {}
+        for label, entry in entries.items():
+            try:
+                with entry.context():
+                    plans[label] = self._plan(entry.calls)
+            except Exception as exc:  # the caller records it on that implementation
+                out[label] = exc
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label in plans}
+        for r in range(max((n for _, n in plans.values()), default=0)):
+            for label, (inner, samples) in plans.items():
+                if r >= samples or label in out:
+                    continue
+                try:
+                    with entries[label].context():
+                        runs[label].append(self._batch(entries[label].calls, inner))
+                except Exception as exc:
+                    out[label] = exc
+        for label, (inner, _) in plans.items():
+            if label not in out:
+                out[label] = (Timing.of([d for d, _ in runs[label]], inner),
+                              Timing.of([h for _, h in runs[label]], inner))
+        return out
 
     def kernels(self, calls: Sequence[Fn]) -> Timing | None:
         from torch.autograd import DeviceType
