@@ -59,6 +59,21 @@ int launch_aligned(bool aligned, Launch&& launch) {
   return static_cast<int>(cudaGetLastError());
 }
 
+// Per-device set-up done once (a kernel's shared-memory attribute belongs to the device's context): one flag per
+// device, marked by the caller once its set-up succeeded. Devices past kDevices are never marked (their set-up
+// then runs on every call: correct, only slower).
+class OncePerDevice {
+ public:
+  static constexpr int kDevices = 64;
+  bool done(int device) const { return device >= 0 && device < kDevices && done_[device]; }
+  void mark(int device) {
+    if (device >= 0 && device < kDevices) done_[device] = true;
+  }
+
+ private:
+  bool done_[kDevices] = {};
+};
+
 // An integer attribute of `device` (compute capability, SM count), asked once per device and attribute: the
 // GEMM dispatch needs them on every call, and cudaDeviceGetAttribute is not free. 0 when it cannot be asked.
 inline int cached_device_attribute(cudaDeviceAttr attr, int device) {

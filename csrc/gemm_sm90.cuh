@@ -105,13 +105,13 @@ int run(const void* a, int64_t lda, const void* b, int64_t ldb, void* d, int64_t
   if (G::Device::get_workspace_size(args) != 0) return static_cast<int>(cudaErrorNotSupported);  // no split
   // initialize() also sets the kernel's shared-memory attribute (a driver call): once per device and
   // configuration; update() builds the same launch parameters without it.
-  static bool attribute_set[64] = {};
-  const bool known = device >= 0 && device < 64 && attribute_set[device];
+  static OncePerDevice attribute_set;
+  const bool known = attribute_set.done(device);
   if ((known ? gemm.update(args) : gemm.initialize(args, nullptr, stream)) != cutlass::Status::kSuccess) {
     const cudaError_t e = cudaGetLastError();
     return static_cast<int>(e != cudaSuccess ? e : cudaErrorLaunchFailure);
   }
-  if (device >= 0 && device < 64) attribute_set[device] = true;
+  attribute_set.mark(device);
   if (gemm.run(stream) != cutlass::Status::kSuccess) {
     const cudaError_t e = cudaGetLastError();
     return static_cast<int>(e != cudaSuccess ? e : cudaErrorLaunchFailure);
