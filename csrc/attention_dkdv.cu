@@ -227,8 +227,8 @@ int launch_dkdv(const KvParams& p, int64_t n_work, cudaStream_t stream) {
   using C = KvCfg<DP, kFoldWarps>;
   const int64_t grid = n_work * p.HKV;
   if (grid > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
-  auto kernel = dkdv_kernel<DP, kFoldWarps, FP32_GRADS>;
-  GS_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+  constexpr auto kernel = dkdv_kernel<DP, kFoldWarps, FP32_GRADS>;
+  GS_TRY(dynamic_smem_once<kernel>(C::SMEM));
   kernel<<<static_cast<unsigned>(grid), C::THREADS, C::SMEM, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }

@@ -273,8 +273,8 @@ int launch_dq(const DqParams& p, int64_t n_progs, cudaStream_t stream) {
   if (n_progs == 0) return 0;
   const int64_t grid = n_progs * p.n_hb;
   if (grid > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
-  auto kernel = dq_kernel<DP, WARPS, MI>;
-  GS_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+  constexpr auto kernel = dq_kernel<DP, WARPS, MI>;
+  GS_TRY(dynamic_smem_once<kernel>(C::SMEM));
   kernel<<<static_cast<unsigned>(grid), C::THREADS, C::SMEM, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }

@@ -8,7 +8,8 @@
 //   l = l * alpha + rowsum(p) (fma); acc = acc * alpha + bf16(p) V
 // and a row the block lies wholly after keeps (m, l, acc) as they were. o = acc / l (-0 stored as +0),
 // lse = m + log2(l) (log2 units, scale folded in). The same code serves wide programs (8 warps x 16 rows) and
-// narrow ones (1 warp x 16 rows, decode steps): a row's arithmetic depends on kBlockN and head_dim only.
+// narrow ones (16 rows on one warp, 4 warps loading; decode steps): a row's arithmetic depends on kBlockN and
+// head_dim only.
 #include "attention.cuh"
 #include "attention.h"
 
@@ -28,19 +29,35 @@ struct FwdParams {
   bool vec_q, vec_kv, pair_o;
 };
 
-template <int DP, int WARPS, int MI>
+// WARPS load; the first CW of them hold rows (CW x MI m-tiles of 16). SPLIT: one K and one V buffer, K of the next
+// block loaded while this block's softmax and P V run, V of the next while its scores run (a narrow program then
+// needs half the shared memory); else two stages of K and V.
+template <int DP, int WARPS, int MI, int CW = WARPS, bool SPLIT = false>
 struct FwdCfg {
-  static constexpr int BN = kBlockN, LD = DP + 8, BM = WARPS * 16 * MI, THREADS = WARPS * 32;
+  static constexpr int BN = kBlockN, LD = DP + 8, BM = CW * 16 * MI, THREADS = WARPS * 32;
   static constexpr int NJ = BN / 8, ND = DP / 8, KS = DP / 16;
-  static constexpr int SMEM = (BM + 4 * BN) * LD * 2;  // Q, then K and V of two pipeline stages
+  static constexpr int KV_BUFS = SPLIT ? 1 : 2;
+  static constexpr int SMEM = (BM + 2 * KV_BUFS * BN) * LD * 2;  // Q, then K and V buffers
+  // blocks per SM the shared memory allows (228 KB, 1 KB reserved a block), at most what 128 registers a thread
+  // allow: the register bound ptxas is given. The wide program: two (128 registers; without the bound 135 and one)
+  static constexpr int SMEM_BLOCKS = (228 * 1024) / (SMEM + 1024);
+  static constexpr int REG_BLOCKS = 65536 / (THREADS * 128);
+  static constexpr int MIN_BLOCKS = SMEM_BLOCKS < REG_BLOCKS ? SMEM_BLOCKS : REG_BLOCKS;
 };
 
-// Fold one key block into the warp's rows. MASKED: keys after a row's position are masked and rows the block
-// lies wholly after keep their state; for a row that sees the whole block both variants do the same operations.
+// The scores half of folding one key block into the warp's rows: S = Q K^T, the online softmax update of m and l,
+// P as bf16 A operands. MASKED: keys after a row's position are masked and rows the block lies wholly after keep
+// their state; for a row that sees the whole block both variants do the same operations.
+template <class C, int MI>
+struct BlockP {
+  uint32_t pa[MI][C::NJ / 2][4];
+  float alpha[MI][2];
+  bool active[MI][2];
+};
+
 template <class C, int MI, bool MASKED>
-__device__ __forceinline__ void fwd_block(const bf16* sQ, const bf16* sK, const bf16* sV, int wrow, int n0,
-                                          const int (&pos)[MI][2], float (&m)[MI][2], float (&l)[MI][2],
-                                          float (&acc)[MI][C::ND][4], float scale) {
+__device__ __forceinline__ void fwd_scores(const bf16* sQ, const bf16* sK, int wrow, int n0, const int (&pos)[MI][2],
+                                           float (&m)[MI][2], float (&l)[MI][2], float scale, BlockP<C, MI>& bp) {
   const int tq = lane_id() & 3;
   float s[MI][C::NJ][4];
 #pragma unroll
@@ -63,8 +80,6 @@ __device__ __forceinline__ void fwd_block(const bf16* sQ, const bf16* sK, const 
     }
   }
 
-  bool active[MI][2];
-  float alpha[MI][2];
 #pragma unroll
   for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -83,7 +98,7 @@ __device__ __forceinline__ void fwd_block(const bf16* sQ, const bf16* sK, const 
       const bool act = !MASKED || rel >= 0;
       const float m_new = fmaxf(m[i][h], __fmul_rn(mx, scale));
       const float m_use = act ? m_new : 0.0f;
-      alpha[i][h] = act ? ex2(__fsub_rn(m[i][h], m_use)) : 1.0f;
+      bp.alpha[i][h] = act ? ex2(__fsub_rn(m[i][h], m_use)) : 1.0f;
       float rs = 0.0f;
 #pragma unroll
       for (int j = 0; j < C::NJ; ++j)
@@ -96,14 +111,17 @@ __device__ __forceinline__ void fwd_block(const bf16* sQ, const bf16* sK, const 
       rs = quad_sum(rs);
       if (act) {
         m[i][h] = m_new;
-        l[i][h] = __fmaf_rn(l[i][h], alpha[i][h], rs);
+        l[i][h] = __fmaf_rn(l[i][h], bp.alpha[i][h], rs);
       }
-      active[i][h] = act;
+      bp.active[i][h] = act;
     }
-
-  uint32_t pa[MI][C::NJ / 2][4];
 #pragma unroll
-  for (int i = 0; i < MI; ++i) c_to_a<C::NJ>(pa[i], s[i]);
+  for (int i = 0; i < MI; ++i) c_to_a<C::NJ>(bp.pa[i], s[i]);
+}
+
+// The P V half: acc = acc * alpha + P V; a row the block lies wholly after gets its accumulator back exactly.
+template <class C, int MI, bool MASKED>
+__device__ __forceinline__ void fwd_pv(const bf16* sV, const BlockP<C, MI>& bp, float (&acc)[MI][C::ND][4]) {
 #pragma unroll
   for (int jp = 0; jp < C::ND / 2; ++jp) {
     float keep[MI][2][4];
@@ -114,14 +132,14 @@ __device__ __forceinline__ void fwd_block(const bf16* sQ, const bf16* sK, const 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           keep[i][x][e] = acc[i][2 * jp + x][e];
-          acc[i][2 * jp + x][e] = __fmul_rn(acc[i][2 * jp + x][e], alpha[i][e >> 1]);
+          acc[i][2 * jp + x][e] = __fmul_rn(acc[i][2 * jp + x][e], bp.alpha[i][e >> 1]);
         }
 #pragma unroll
     for (int c = 0; c < C::NJ / 2; ++c) {
       uint32_t b[4];
       frag_b_nmaj(b, sV, C::LD, 16 * c, 16 * jp);
 #pragma unroll
-      for (int i = 0; i < MI; ++i) mma_pair(acc[i][2 * jp], acc[i][2 * jp + 1], pa[i][c], b);
+      for (int i = 0; i < MI; ++i) mma_pair(acc[i][2 * jp], acc[i][2 * jp + 1], bp.pa[i][c], b);
     }
     if (MASKED) {
 #pragma unroll
@@ -130,19 +148,19 @@ __device__ __forceinline__ void fwd_block(const bf16* sQ, const bf16* sK, const 
         for (int x = 0; x < 2; ++x)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (!active[i][e >> 1]) acc[i][2 * jp + x][e] = keep[i][x][e];
+            if (!bp.active[i][e >> 1]) acc[i][2 * jp + x][e] = keep[i][x][e];
     }
   }
 }
 
-// 8 warps: two blocks per SM (128 registers; without the bound 135 and one block).
-template <int DP, int WARPS, int MI>
-__global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 1) fwd_kernel(FwdParams p) {
-  using C = FwdCfg<DP, WARPS, MI>;
+template <int DP, int WARPS, int MI, int CW, bool SPLIT>
+__global__ void __launch_bounds__(FwdCfg<DP, WARPS, MI, CW, SPLIT>::THREADS,
+                                  FwdCfg<DP, WARPS, MI, CW, SPLIT>::MIN_BLOCKS) fwd_kernel(FwdParams p) {
+  using C = FwdCfg<DP, WARPS, MI, CW, SPLIT>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sK = sQ + C::BM * C::LD;
-  bf16* sV = sK + 2 * C::BN * C::LD;
+  bf16* sV = sK + C::KV_BUFS * C::BN * C::LD;
 
   const int64_t pid = blockIdx.x / p.n_hb;
   const int hb = static_cast<int>(blockIdx.x - pid * p.n_hb);
@@ -156,27 +174,24 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 1) fwd_kernel(Fwd
     const int t = r / pack;
     return t < pr.cnt ? p.q + ((pr.row0 + t) * p.HQ + hb * pack + (r - t * pack)) * p.D : nullptr;
   }, p.D, p.vec_q);
-  auto load_kv = [&](int n0, int stage) {
-    const auto rows = [&](const bf16* base) {
-      return [=](int r) -> const bf16* {
-        const int n = n0 + r;  // keys past the program's last row may be unwritten: never loaded
-        return n <= pmax ? base + ((kv_tok + n) * p.HKV + hk) * p.D : nullptr;
-      };
-    };
-    load_tile<C::BN, DP, C::THREADS>(sK + stage * C::BN * C::LD, rows(p.k), p.D, p.vec_kv);
-    load_tile<C::BN, DP, C::THREADS>(sV + stage * C::BN * C::LD, rows(p.v), p.D, p.vec_kv);
+  auto load_keys = [&](bf16* dst, const bf16* base, int n0) {
+    load_tile<C::BN, DP, C::THREADS>(dst, [=](int r) -> const bf16* {
+      const int n = n0 + r;  // keys past the program's last row may be unwritten: never loaded
+      return n <= pmax ? base + ((kv_tok + n) * p.HKV + hk) * p.D : nullptr;
+    }, p.D, p.vec_kv);
   };
 
   const int warp = static_cast<int>(threadIdx.x >> 5);
+  const bool rows_here = warp < CW;  // warp-uniform: the other warps only load
   const int gq = lane_id() >> 2, tq = lane_id() & 3;
-  const int wrow = warp * 16 * MI;
+  const int wrow = rows_here ? warp * 16 * MI : 0;
   int pos[MI][2];  // a row's position, -1 for a slot past the program's tokens
 #pragma unroll
   for (int i = 0; i < MI; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int t = (wrow + 16 * i + gq + 8 * h) / pack;
-      pos[i][h] = t < pr.cnt ? static_cast<int>(pr.pos0) + t : -1;
+      pos[i][h] = rows_here && t < pr.cnt ? static_cast<int>(pr.pos0) + t : -1;
     }
   float m[MI][2], l[MI][2], acc[MI][C::ND][4];
 #pragma unroll
@@ -194,22 +209,62 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 1) fwd_kernel(Fwd
 
   const int nb = pmax / C::BN + 1;                       // blocks [0, nb) hold every key some row sees
   const int nb_full = (static_cast<int>(pr.pos0) + 1) / C::BN;  // blocks [0, nb_full) are seen whole by all rows
-  load_kv(0, 0);
-  mma::cp_async_commit();
-  for (int b = 0; b < nb; ++b) {
-    if (b + 1 < nb) load_kv((b + 1) * C::BN, (b + 1) & 1);
-    mma::cp_async_commit();
-    mma::cp_async_wait<1>();
-    __syncthreads();
-    const bf16* k_s = sK + (b & 1) * C::BN * C::LD;
-    const bf16* v_s = sV + (b & 1) * C::BN * C::LD;
+  BlockP<C, MI> bp;
+  auto scores = [&](const bf16* k_s, int b) {
+    if (!rows_here) return;
     if (b < nb_full) {
-      fwd_block<C, MI, false>(sQ, k_s, v_s, wrow, b * C::BN, pos, m, l, acc, p.qk_scale);
+      fwd_scores<C, MI, false>(sQ, k_s, wrow, b * C::BN, pos, m, l, p.qk_scale, bp);
     } else {
-      fwd_block<C, MI, true>(sQ, k_s, v_s, wrow, b * C::BN, pos, m, l, acc, p.qk_scale);
+      fwd_scores<C, MI, true>(sQ, k_s, wrow, b * C::BN, pos, m, l, p.qk_scale, bp);
     }
-    __syncthreads();  // every warp is done with this stage before the next iteration's load overwrites it
+  };
+  auto pv = [&](const bf16* v_s, int b) {
+    if (!rows_here) return;
+    if (b < nb_full) {
+      fwd_pv<C, MI, false>(v_s, bp, acc);
+    } else {
+      fwd_pv<C, MI, true>(v_s, bp, acc);
+    }
+  };
+  if constexpr (SPLIT) {
+    // cp.async groups in order K0, V0, K1, V1, ..: waiting for all but the newest finds K_b, then V_b, landed
+    load_keys(sK, p.k, 0);
+    mma::cp_async_commit();
+    load_keys(sV, p.v, 0);
+    mma::cp_async_commit();
+    for (int b = 0; b < nb; ++b) {
+      mma::cp_async_wait<1>();
+      __syncthreads();
+      scores(sK, b);
+      __syncthreads();  // K read by every warp before the next block's keys overwrite it
+      if (b + 1 < nb) load_keys(sK, p.k, (b + 1) * C::BN);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+      __syncthreads();
+      pv(sV, b);
+      __syncthreads();
+      if (b + 1 < nb) load_keys(sV, p.v, (b + 1) * C::BN);
+      mma::cp_async_commit();
+    }
+  } else {
+    load_keys(sK, p.k, 0);
+    load_keys(sV, p.v, 0);
+    mma::cp_async_commit();
+    for (int b = 0; b < nb; ++b) {
+      if (b + 1 < nb) {
+        const int st = (b + 1) & 1;
+        load_keys(sK + st * C::BN * C::LD, p.k, (b + 1) * C::BN);
+        load_keys(sV + st * C::BN * C::LD, p.v, (b + 1) * C::BN);
+      }
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+      __syncthreads();
+      scores(sK + (b & 1) * C::BN * C::LD, b);
+      pv(sV + (b & 1) * C::BN * C::LD, b);
+      __syncthreads();  // every warp is done with this stage before the next iteration's load overwrites it
+    }
   }
+  if (!rows_here) return;
 
 #pragma unroll
   for (int i = 0; i < MI; ++i)
@@ -237,14 +292,14 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 1) fwd_kernel(Fwd
     }
 }
 
-template <int DP, int WARPS, int MI>
+template <int DP, int WARPS, int MI, int CW, bool SPLIT>
 int launch_fwd(const FwdParams& p, int64_t n_progs, cudaStream_t stream) {
-  using C = FwdCfg<DP, WARPS, MI>;
+  using C = FwdCfg<DP, WARPS, MI, CW, SPLIT>;
   if (n_progs == 0) return 0;
   const int64_t grid = n_progs * p.n_hb;
   if (grid > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
-  auto kernel = fwd_kernel<DP, WARPS, MI>;
-  GS_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+  constexpr auto kernel = fwd_kernel<DP, WARPS, MI, CW, SPLIT>;
+  GS_TRY(dynamic_smem_once<kernel>(C::SMEM));
   kernel<<<static_cast<unsigned>(grid), C::THREADS, C::SMEM, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
@@ -253,10 +308,10 @@ template <int DP>
 int launch_fwd_both(FwdParams p, const int32_t* wide, int64_t n_wide, const int32_t* narrow, int64_t n_narrow,
                     cudaStream_t stream) {
   p.progs = wide;
-  const int err = launch_fwd<DP, kFwdWarps, kFwdMI>(p, n_wide, stream);
+  const int err = launch_fwd<DP, kFwdWarps, kFwdMI, kFwdWarps, false>(p, n_wide, stream);
   if (err != 0) return err;
   p.progs = narrow;
-  return launch_fwd<DP, 1, 1>(p, n_narrow, stream);
+  return launch_fwd<DP, kNarrowWarps, 1, 1, true>(p, n_narrow, stream);
 }
 
 // ---------------------------------------------------------------------------------------------- scatter

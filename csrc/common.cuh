@@ -74,6 +74,21 @@ class OncePerDevice {
   bool done_[kDevices] = {};
 };
 
+// Kernel K's dynamic shared-memory limit raised to `bytes` once per device: the attribute belongs to the device's
+// context and outlives the call, so later launches skip the driver call (each launcher asks its kernel's
+// compile-time size, the same on every call). On the current device (the launcher's DeviceGuard set it).
+template <auto K>
+inline cudaError_t dynamic_smem_once(int bytes) {
+  static OncePerDevice set;
+  int device = -1;
+  const cudaError_t got = cudaGetDevice(&device);
+  if (got != cudaSuccess) return got;
+  if (set.done(device)) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) set.mark(device);
+  return err;
+}
+
 // An integer attribute of `device` (compute capability, SM count), asked once per device and attribute: the
 // GEMM dispatch needs them on every call, and cudaDeviceGetAttribute is not free. 0 when it cannot be asked.
 inline int cached_device_attribute(cudaDeviceAttr attr, int device) {

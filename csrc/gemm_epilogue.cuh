@@ -163,8 +163,8 @@ int launch_gemm(const GemmArgs& g, const Epi& epi, cudaStream_t stream) {
   const int64_t tiles = ((g.M + C::BM - 1) / C::BM) * ((g.N + C::BN - 1) / C::BN);
   if (tiles > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
   constexpr int bytes = Smem<C, A_KMAJ, B_KMAJ>::BYTES;
-  auto kernel = gemm_kernel<C, A_KMAJ, B_KMAJ, Epi>;
-  GS_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  constexpr auto kernel = gemm_kernel<C, A_KMAJ, B_KMAJ, Epi>;
+  GS_TRY(dynamic_smem_once<kernel>(bytes));
   kernel<<<static_cast<unsigned>(tiles), C::THREADS, bytes, stream>>>(g, epi);
   return static_cast<int>(cudaGetLastError());
 }

@@ -325,12 +325,7 @@ int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uint
                       int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream) {
   using namespace fold90;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
-  static OncePerDevice smem_set;  // the attribute is per device (context): set once on each
   if (device < 0 || device >= OncePerDevice::kDevices) return static_cast<int>(cudaErrorInvalidDevice);
-  if (!smem_set.done(device)) {
-    GS_TRY(cudaFuncSetAttribute(fold_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    smem_set.mark(device);
-  }
   const int64_t tiles_m = (N + kBM - 1) / kBM, tiles_n = (K + kBN - 1) / kBN;
   if (tiles_m * tiles_n > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
   Params p{};
@@ -351,6 +346,7 @@ int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uint
     GS_TRY(encode_rows(&tma_dy, p.dy, rows, N, ldy));
     GS_TRY(encode_rows(&tma_x, p.x, rows, K, ldx));
   }
+  GS_TRY(dynamic_smem_once<fold_kernel>(kSmemBytes));
   fold_kernel<<<static_cast<unsigned>(tiles_m * tiles_n), kThreads, kSmemBytes,
                 reinterpret_cast<cudaStream_t>(stream)>>>(p, tma_dy, tma_x);
   return static_cast<int>(cudaGetLastError());

@@ -274,7 +274,7 @@ int llp_forward(uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t
     }
   } else {
     const mma::GemmArgs g{hp, ldh, wp, ldw, R, V, K, nullptr, vec_h, vec_w};
-    GS_TRY(cudaFuncSetAttribute(llp_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdSmem));
+    GS_TRY(dynamic_smem_once<llp_fwd_kernel>(kFwdSmem));
     llp_fwd_kernel<<<static_cast<unsigned>(num_m * n_chunks), C::THREADS, kFwdSmem, s>>>(g, tp, pp, n_chunks);
     GS_TRY(cudaGetLastError());
   }

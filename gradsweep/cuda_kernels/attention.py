@@ -6,8 +6,9 @@ Why each piece looks the way it does (kernels: csrc/attention*.cu, argument in c
 - **Key blocks** of ``ATTN_BLOCK_N`` keys aligned to absolute position 0, folded in increasing order by an online
   softmax on mma.sync tensor cores. A row's max and sum over a block are taken by the four lanes that hold it
   in an order fixed by the block size alone, so the rows per program and the warps per CTA never reach a row's
-  bits: prefill programs (4 warps, 128 rows forward / 64 rows dQ) and narrow programs (one warp, 16 rows: decode
-  steps and short tails) give the same bits for the same row (the GPU tests check it). A block after a row's
+  bits: prefill programs (128 rows on 8 warps forward, 64 rows on 4 warps dQ) and narrow programs (16 rows on one
+  warp: decode steps and short tails; the narrow forward's other three warps only load keys) give the same bits
+  for the same row (the GPU tests check it). A block after a row's
   position leaves its state exactly as it was (a select restores it).
 - **Programs** hold consecutive tokens of one sample times the ``group`` query heads that share one K/V head
   (each K/V block is read once for the group). Plans (``_Plan``): a call's rows -> runs -> programs, in
@@ -50,7 +51,7 @@ class AttnConfig:
 
     ``fp32_grads`` (default): dK / dV FP32-class (hi + lo bf16 operands, FP32 delta); off: bf16 operands as in
     FlashAttention (bf16-class). ``narrow``: programs of at most 16 rows (decode steps, short tails) run on the
-    one-warp kernels; off, every program runs on the wide kernels. Bits depend on ``fp32_grads`` only."""
+    narrow kernels; off, every program runs on the wide kernels. Bits depend on ``fp32_grads`` only."""
 
     fp32_grads: bool = True
     narrow: bool = True
