@@ -2,8 +2,8 @@
 the bench's decode case (64 sequences x 1 token over a 4096-token cache, 32 / 8 heads x 128) timed with the narrow
 programs (the default) and with every program wide (``AttnConfig(narrow=False)``), beside the Triton kernel and
 SDPA on the same cache; each CUDA output compared bit for bit with the training forward (a full prefill) at those
-tokens. ``--variants``: labels of builds whose launcher reads ``GRADSWEEP_ATTN_NARROW`` to pick a narrow program
-shape (the A/B of 2026-12-02, bench/results/decode_probe_h200_2026-12-02/; the shipped launcher reads nothing).
+tokens. (The A/B of 2026-12-02 that chose the narrow program's shape, bench/results/decode_probe_h200_2026-12-02/,
+ran this probe on a build whose launcher read a variable; the shipped launcher reads nothing.)
 
     python3 scripts/decode_probe.py --json out/decode_probe.json
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 
 from gradsweep.bench.catalog.attention import DecodeSubject, decode
+from gradsweep.bench.checks import compare_logical
 from gradsweep.canonical import RowIdentity
 from gradsweep.cuda_kernels.attention import AttnConfig
 from gradsweep.families import KERNEL_FAMILIES
@@ -41,7 +41,7 @@ def _ms_per_step(step, iters: int) -> float:
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
+    return not compare_logical({"o": a}, {"o": b})  # the bench's raw-bit comparison
 
 
 def main() -> None:
@@ -49,7 +49,6 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--past", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--variants", type=int, nargs="*", default=[0])
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     device = torch.device("cuda")
@@ -62,15 +61,10 @@ def main() -> None:
         mod = subject._kernel("cuda")
         full = mod.attention(i["q"], i["k"], i["v"], RowIdentity.packed([subject.total] * subject.batch),
                              subject._new_cache("cuda"))[subject.last]
-    rows: list[dict] = []
-    for v in args.variants:
-        os.environ["GRADSWEEP_ATTN_NARROW"] = str(v)
-        subject._caches.clear()
-        step = subject._step("cuda")
-        out = step()
-        ms = _ms_per_step(step, args.iters)
-        rows.append({"impl": f"cuda narrow variant {v}", "ms": ms, "bits_equal_prefill": _same_bits(out, full)})
-    os.environ["GRADSWEEP_ATTN_NARROW"] = "0"
+    step = subject._step("cuda")
+    out = step()
+    rows: list[dict] = [{"impl": "cuda narrow programs", "ms": _ms_per_step(step, args.iters),
+                         "bits_equal_prefill": _same_bits(out, full)}]
     wide = DecodeSubject(case, op, cands, device, 0)
     base_cache = wide._new_cache
     wide._new_cache = lambda family: base_cache(family) if family != "cuda" else mod.AttentionCache(
