@@ -73,7 +73,6 @@ def _host_kernel_source(src: str) -> str:
     src = re.sub(r"__shared__ float red\[[^\]]*\];", "float* red = reinterpret_cast<float*>(emu_cta->shared());", src)
     src = re.sub(r"\n\s*DeviceGuard guard\(device\);", "\n  (void)device;", src)
     src = re.sub(r"\n\s*GS_TRY\(guard.status\(\)\);", "", src)
-    src = re.sub(r"\n\s*GS_TRY\(cudaFuncSetAttribute\([^;]*;", "", src)
     src = re.sub(r"\n\s*GS_TRY\(dynamic_smem_once<[^;]*;", "", src)
     src = src.replace("cudaGetLastError()", "cudaSuccess")
     return re.sub(r"([\w:<>, ]+?)<<<(.+?), (.+?), (.+?), (.+?)>>>\(", r"emu_launch(\1, \2, \3, \4, ", src, flags=re.S)
