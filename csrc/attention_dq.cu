@@ -10,6 +10,8 @@
 #include "attention.cuh"
 #include "attention.h"
 
+#include <cstdlib>
+
 namespace gs {
 namespace attn {
 
@@ -29,11 +31,19 @@ struct DqParams {
   bool exact, vec_q, vec_kv, vec_o, pair_dq;
 };
 
-template <int DP, int WARPS, int MI>
+// SPLIT: one K and one V buffer; V of the next block loads while this block's scores, dS and dQ run, K of the
+// next block while the next block's dP runs (a wide program then fits three to an SM, at <= 168 registers);
+// else two stages of K and V.
+template <int DP, int WARPS, int MI, bool SPLIT = false>
 struct DqCfg {
   static constexpr int BN = kBlockN, LD = DP + 8, BM = WARPS * 16 * MI, THREADS = WARPS * 32;
   static constexpr int NJ = BN / 8, ND = DP / 8, KS = DP / 16;
-  static constexpr int SMEM = (2 * BM + 4 * BN) * LD * 2 + 2 * BM * 4;  // Q, dO, K / V x 2 stages, lse, delta
+  static constexpr int KV_BUFS = SPLIT ? 1 : 2;
+  static constexpr int SMEM = (2 * BM + 2 * KV_BUFS * BN) * LD * 2 + 2 * BM * 4;  // Q, dO, K / V, lse, delta
+  // the split program asks for as many blocks as its shared memory allows, at most what 168 registers allow
+  static constexpr int SMEM_BLOCKS = (228 * 1024) / (SMEM + 1024);
+  static constexpr int REG_BLOCKS = 65536 / (THREADS * 168);
+  static constexpr int MIN_BLOCKS = !SPLIT ? 1 : SMEM_BLOCKS < REG_BLOCKS ? SMEM_BLOCKS : REG_BLOCKS;
 };
 
 // sum_d o[d] * do[d] in d order (16-byte and element loads read the same values in the same order).
@@ -53,41 +63,41 @@ __device__ __forceinline__ float row_dot(const bf16* a, const bf16* b, int64_t D
   return acc;
 }
 
-template <class C, int MI, bool MASKED>
-__device__ __forceinline__ void dq_block(const bf16* sQ, const bf16* sO, const bf16* sK, const bf16* sV, int wrow,
-                                         int n0, const int (&pos)[MI][2], const float (&lse)[MI][2],
-                                         const float (&del)[MI][2], float (&dsum)[MI][2], float (&dq)[MI][C::ND][4],
-                                         float scale, bool exact) {
-  const int tq = lane_id() & 3;
-  float s[MI][C::NJ][4], dp[MI][C::NJ][4];
+// A 16 x BN product of the warp's rows of A (shared, K-major) and a key block (shared, [key][d]): the k chain
+// over head_dim in 16-steps. S = Q K^T and dP = dO V^T are two of them; each element depends on its row and key
+// alone, so computing them in either order, or at different times, gives the same bits.
+template <class C, int MI>
+__device__ __forceinline__ void row_products(const bf16* sA, const bf16* sB, int wrow, float (&out)[MI][C::NJ][4]) {
 #pragma unroll
   for (int i = 0; i < MI; ++i)
 #pragma unroll
     for (int j = 0; j < C::NJ; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[i][j][e] = 0.0f;
-        dp[i][j][e] = 0.0f;
-      }
+      for (int e = 0; e < 4; ++e) out[i][j][e] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < C::KS; ++kk) {
-    uint32_t qa[MI][4], oa[MI][4];
+    uint32_t a[MI][4];
 #pragma unroll
-    for (int i = 0; i < MI; ++i) {
-      frag_a(qa[i], sQ, C::LD, wrow + 16 * i, 16 * kk);
-      frag_a(oa[i], sO, C::LD, wrow + 16 * i, 16 * kk);
-    }
+    for (int i = 0; i < MI; ++i) frag_a(a[i], sA, C::LD, wrow + 16 * i, 16 * kk);
 #pragma unroll
     for (int jp = 0; jp < C::NJ / 2; ++jp) {
       uint32_t b[4];
-      frag_b_kmaj(b, sK, C::LD, 16 * jp, 16 * kk);
+      frag_b_kmaj(b, sB, C::LD, 16 * jp, 16 * kk);
 #pragma unroll
-      for (int i = 0; i < MI; ++i) mma_pair(s[i][2 * jp], s[i][2 * jp + 1], qa[i], b);
-      frag_b_kmaj(b, sV, C::LD, 16 * jp, 16 * kk);
-#pragma unroll
-      for (int i = 0; i < MI; ++i) mma_pair(dp[i][2 * jp], dp[i][2 * jp + 1], oa[i], b);
+      for (int i = 0; i < MI; ++i) mma_pair(out[i][2 * jp], out[i][2 * jp + 1], a[i], b);
     }
   }
+}
+
+// One key block of dQ given dP (= dO V^T of the block): S = Q K^T, P, dS, the fold's delta, dQ += dS K.
+template <class C, int MI, bool MASKED>
+__device__ __forceinline__ void dq_block_k(const bf16* sQ, const bf16* sK, int wrow, int n0, const int (&pos)[MI][2],
+                                           const float (&lse)[MI][2], const float (&del)[MI][2],
+                                           float (&dp)[MI][C::NJ][4], float (&dsum)[MI][2],
+                                           float (&dq)[MI][C::ND][4], float scale, bool exact) {
+  const int tq = lane_id() & 3;
+  float s[MI][C::NJ][4];
+  row_products<C, MI>(sQ, sK, wrow, s);
 
   bool active[MI][2];
 #pragma unroll
@@ -146,15 +156,15 @@ __device__ __forceinline__ void dq_block(const bf16* sQ, const bf16* sO, const b
   }
 }
 
-template <int DP, int WARPS, int MI>
-__global__ void __launch_bounds__(WARPS * 32) dq_kernel(DqParams p) {
-  using C = DqCfg<DP, WARPS, MI>;
+template <int DP, int WARPS, int MI, bool SPLIT>
+__global__ void __launch_bounds__(WARPS * 32, DqCfg<DP, WARPS, MI, SPLIT>::MIN_BLOCKS) dq_kernel(DqParams p) {
+  using C = DqCfg<DP, WARPS, MI, SPLIT>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sO = sQ + C::BM * C::LD;  // dO
   bf16* sK = sO + C::BM * C::LD;
-  bf16* sV = sK + 2 * C::BN * C::LD;
-  float* sLse = reinterpret_cast<float*>(sV + 2 * C::BN * C::LD);
+  bf16* sV = sK + C::KV_BUFS * C::BN * C::LD;
+  float* sLse = reinterpret_cast<float*>(sV + C::KV_BUFS * C::BN * C::LD);
   float* sDel = sLse + C::BM;
 
   const int64_t pid = blockIdx.x / p.n_hb;
@@ -177,17 +187,20 @@ __global__ void __launch_bounds__(WARPS * 32) dq_kernel(DqParams p) {
     const int64_t off = row_off(r);
     return off >= 0 ? p.dout + off : nullptr;
   }, p.D, p.vec_o);
-  auto load_kv = [&](int n0, int stage) {
-    const auto rows = [&](const bf16* base) {
-      return [=](int r) -> const bf16* {
-        const int n = n0 + r;
-        return n <= pmax ? base + ((kv_tok + n) * p.HKV + hk) * p.D : nullptr;
-      };
-    };
-    load_tile<C::BN, DP, C::THREADS>(sK + stage * C::BN * C::LD, rows(p.k), p.D, p.vec_kv);
-    load_tile<C::BN, DP, C::THREADS>(sV + stage * C::BN * C::LD, rows(p.v), p.D, p.vec_kv);
+  auto load_keys = [&](bf16* dst, const bf16* base, int n0) {
+    load_tile<C::BN, DP, C::THREADS>(dst, [=](int r) -> const bf16* {
+      const int n = n0 + r;
+      return n <= pmax ? base + ((kv_tok + n) * p.HKV + hk) * p.D : nullptr;
+    }, p.D, p.vec_kv);
   };
-  load_kv(0, 0);
+  if constexpr (SPLIT) {  // groups V0, K0, V1, K1, ..: V first (dP is computed first)
+    load_keys(sV, p.v, 0);
+    mma::cp_async_commit();
+    load_keys(sK, p.k, 0);
+  } else {
+    load_keys(sK, p.k, 0);
+    load_keys(sV, p.v, 0);
+  }
   mma::cp_async_commit();
   for (int r = threadIdx.x; r < C::BM; r += C::THREADS) {  // per row: lse and delta_o (dead slots: 0)
     const int64_t off = row_off(r);
@@ -226,19 +239,43 @@ __global__ void __launch_bounds__(WARPS * 32) dq_kernel(DqParams p) {
 
   const int nb = pmax / C::BN + 1;
   const int nb_full = (static_cast<int>(pr.pos0) + 1) / C::BN;
-  for (int b = 0; b < nb; ++b) {
-    if (b + 1 < nb) load_kv((b + 1) * C::BN, (b + 1) & 1);
-    mma::cp_async_commit();
-    mma::cp_async_wait<1>();
-    __syncthreads();
-    const bf16* k_s = sK + (b & 1) * C::BN * C::LD;
-    const bf16* v_s = sV + (b & 1) * C::BN * C::LD;
+  float dp[MI][C::NJ][4];
+  auto rest = [&](const bf16* k_s, int b) {
     if (b < nb_full) {
-      dq_block<C, MI, false>(sQ, sO, k_s, v_s, wrow, b * C::BN, pos, lse, del, dsum, dq, p.qk_scale, p.exact);
+      dq_block_k<C, MI, false>(sQ, k_s, wrow, b * C::BN, pos, lse, del, dp, dsum, dq, p.qk_scale, p.exact);
     } else {
-      dq_block<C, MI, true>(sQ, sO, k_s, v_s, wrow, b * C::BN, pos, lse, del, dsum, dq, p.qk_scale, p.exact);
+      dq_block_k<C, MI, true>(sQ, k_s, wrow, b * C::BN, pos, lse, del, dp, dsum, dq, p.qk_scale, p.exact);
     }
-    __syncthreads();
+  };
+  if constexpr (SPLIT) {
+    for (int b = 0; b < nb; ++b) {
+      mma::cp_async_wait<1>();  // V of block b (K of block b may still land)
+      __syncthreads();
+      row_products<C, MI>(sO, sV, wrow, dp);
+      __syncthreads();
+      if (b + 1 < nb) load_keys(sV, p.v, (b + 1) * C::BN);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();  // K of block b (V of block b + 1 may still land)
+      __syncthreads();
+      rest(sK, b);
+      __syncthreads();
+      if (b + 1 < nb) load_keys(sK, p.k, (b + 1) * C::BN);
+      mma::cp_async_commit();
+    }
+  } else {
+    for (int b = 0; b < nb; ++b) {
+      if (b + 1 < nb) {
+        const int st = (b + 1) & 1;
+        load_keys(sK + st * C::BN * C::LD, p.k, (b + 1) * C::BN);
+        load_keys(sV + st * C::BN * C::LD, p.v, (b + 1) * C::BN);
+      }
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+      __syncthreads();
+      row_products<C, MI>(sO, sV + (b & 1) * C::BN * C::LD, wrow, dp);
+      rest(sK + (b & 1) * C::BN * C::LD, b);
+      __syncthreads();
+    }
   }
 
 #pragma unroll
@@ -267,13 +304,13 @@ __global__ void __launch_bounds__(WARPS * 32) dq_kernel(DqParams p) {
     }
 }
 
-template <int DP, int WARPS, int MI>
+template <int DP, int WARPS, int MI, bool SPLIT>
 int launch_dq(const DqParams& p, int64_t n_progs, cudaStream_t stream) {
-  using C = DqCfg<DP, WARPS, MI>;
+  using C = DqCfg<DP, WARPS, MI, SPLIT>;
   if (n_progs == 0) return 0;
   const int64_t grid = n_progs * p.n_hb;
   if (grid > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
-  constexpr auto kernel = dq_kernel<DP, WARPS, MI>;
+  constexpr auto kernel = dq_kernel<DP, WARPS, MI, SPLIT>;
   GS_TRY(dynamic_smem_once<kernel>(C::SMEM));
   kernel<<<static_cast<unsigned>(grid), C::THREADS, C::SMEM, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
@@ -283,10 +320,13 @@ template <int DP>
 int launch_dq_both(DqParams p, const int32_t* wide, int64_t n_wide, const int32_t* narrow, int64_t n_narrow,
                    cudaStream_t stream) {
   p.progs = wide;
-  const int err = launch_dq<DP, kWideWarps, kDqMI>(p, n_wide, stream);
+  const char* var = std::getenv("GRADSWEEP_ATTN_DQ");  // WIP A/B (the next device session picks one)
+  const int v = var != nullptr ? std::atoi(var) : 0;
+  const int err = v == 1 ? launch_dq<DP, kWideWarps, kDqMI, true>(p, n_wide, stream)
+                         : launch_dq<DP, kWideWarps, kDqMI, false>(p, n_wide, stream);
   if (err != 0) return err;
   p.progs = narrow;
-  return launch_dq<DP, 1, 1>(p, n_narrow, stream);
+  return launch_dq<DP, 1, 1, false>(p, n_narrow, stream);
 }
 
 }  // namespace attn
