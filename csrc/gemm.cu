@@ -102,7 +102,7 @@ int gemm_dw_fold(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, ui
   const int sm90 = gemm_path(path, vec_y && vec_x, N, K, T, device);
   if (sm90 < 0) return -sm90;
 #ifndef GS_NO_SM90_GEMM
-  if (sm90 == 1) return gemm_sm90_dw_fold(plan, T, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream);
+  if (sm90 == 1) return gemm_sm90_dw_fold(plan, T, dy, x, grad, rows, N, K, ldy, ldx, ldg, stream);
 #endif
   // A(n, t) = dY[p(t), n] (M-major), B(k, t) = X[p(t), k] (N-major), reduction over t = plan slots.
   const GemmArgs g{yp, ldy, xp, ldx, N, K, T, reinterpret_cast<const int32_t*>(plan), vec_y, vec_x};

@@ -322,10 +322,9 @@ cudaError_t encode_rows(CUtensorMap* map, const void* base, int64_t rows, int64_
 }  // namespace fold90
 
 int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uintptr_t grad, int64_t rows,
-                      int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream) {
+                      int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, uintptr_t stream) {
   using namespace fold90;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
-  if (device < 0 || device >= OncePerDevice::kDevices) return static_cast<int>(cudaErrorInvalidDevice);
   const int64_t tiles_m = (N + kBM - 1) / kBM, tiles_n = (K + kBN - 1) / kBN;
   if (tiles_m * tiles_n > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
   Params p{};

@@ -98,9 +98,9 @@ int gemm_sm90_nt_f32(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N
 // ... and C (fp32) += A B with B N-major (beta = 1: gemm_nn's kNnF32Add)
 int gemm_sm90_nn_f32_add(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
                          int64_t ldb, int64_t ldc, int device, uintptr_t stream);
-// gemm_fold_sm90.cu (CuTe wgmma; T = n_tiles * tile token slots)
+// gemm_fold_sm90.cu (CuTe wgmma; T = n_tiles * tile token slots; on the current device: gemm_dw_fold's guard set it)
 int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uintptr_t grad, int64_t rows,
-                      int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device, uintptr_t stream);
+                      int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, uintptr_t stream);
 
 // linear_logp.cu (part: fp32 scratch of 3 * ceil(V / kLlpVChunk) * R floats). On Hopper the logits go through
 // `logits`, an fp32 scratch of R x ldl (llp_forward: ldl a positive multiple of kLlpVChunk, the vocabulary

@@ -8,6 +8,13 @@ where a step's host time goes, to decide what to cut next.
 
     PYTHONPATH=. python3 scripts/host_probe.py OUT --op rms_norm --op qk_norm --profile cuda --profile triton
 
+``--audit`` times each step the way the bench's end-to-end clock does (samples of back-to-back calls between
+two events, every side in turn) and prints, per side, the host issue time and the device time per call, what
+the caching allocators did during the samples (device blocks allocated / freed, allocation retries: a
+``cudaFree`` waits for the device; pinned host blocks allocated), and each distinct synchronising call that
+torch's sync-debug mode reports with the Python frames that made it: a step whose issue time is near host +
+device rather than max(host, device) waits for the device somewhere, and this says where.
+
 cProfile sees the calling thread only: a backward that the autograd engine runs on its device thread shows up
 inside ``run_backward`` as one opaque entry, unless ``--backward-on-caller`` (the engine then runs backwards on
 the calling thread while profiling: the Python backwards, fold planning included, show up by name).
@@ -59,6 +66,90 @@ def profile(step: Callable[[], object], n: int, top: int, on_caller: bool = Fals
     return out.getvalue()
 
 
+_ALLOC_KEYS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+
+
+def _alloc_counts() -> dict[str, int]:
+    dev = torch.cuda.memory_stats()
+    out = {k: int(dev.get(k, 0)) for k in _ALLOC_KEYS}
+    host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+    out["num_host_alloc"] = int(host.get("num_host_alloc", 0))
+    return out
+
+
+def _sync_sites(step: Callable[[], object]) -> list[str]:
+    """Distinct synchronising calls of one step (torch's sync-debug warnings) with the Python frames that made
+    them (gradsweep / bench frames only)."""
+    import traceback
+    import warnings
+
+    seen: dict[str, int] = {}
+    old = warnings.showwarning
+
+    def hook(message, category, filename, lineno, file=None, line=None):
+        if "prototype feature" in str(message):  # the mode's own notice, not a sync
+            return
+        frames = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack()[:-1]
+                  if "gradsweep" in f.filename or "scripts" in f.filename]
+        key = f"{str(message)[:80]} <- " + " < ".join(reversed(frames[-6:]))
+        seen[key] = seen.get(key, 0) + 1
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = hook
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with torch.autograd.set_multithreading_enabled(False):  # backwards on this thread: their frames show
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            warnings.showwarning = old
+    torch.cuda.synchronize()
+    return [f"{n}x {k}" for k, n in seen.items()]
+
+
+def audit(refs: list, inner: int, rounds: int) -> list[str]:
+    """Each side's samples in turn, as the bench's round robin takes them: per side the median issue and device
+    ms per call, the allocators' counts summed over the samples, then each side's synchronising calls."""
+    steps = [(name, ref, rotate(ref.calls)) for name, ref in refs]
+    for _, ref, step in steps:
+        with ref.context():
+            for _ in range(3):
+                step()
+    torch.cuda.synchronize()
+    issue: dict[str, list[float]] = {n: [] for n, _, _ in steps}
+    device: dict[str, list[float]] = {n: [] for n, _, _ in steps}
+    counts: dict[str, dict[str, int]] = {n: {} for n, _, _ in steps}
+    for _ in range(rounds):
+        for name, ref, step in steps:
+            with ref.context():
+                before = _alloc_counts()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    step()
+                issued = (time.perf_counter() - t0) / inner * 1e3
+                end.record()
+                end.synchronize()
+                issue[name].append(issued)
+                device[name].append(start.elapsed_time(end) / inner)
+                after = _alloc_counts()
+                for k in after:
+                    counts[name][k] = counts[name].get(k, 0) + after[k] - before[k]
+    lines = []
+    for name, ref, step in steps:
+        i, d = sorted(issue[name]), sorted(device[name])
+        lines.append(f"  [{name}] issue {i[len(i) // 2]:.3f} ms, e2e {d[len(d) // 2]:.3f} ms per call over "
+                     f"{rounds} x {inner} calls; allocators: {counts[name]}")
+        with ref.context():
+            for site in _sync_sites(step):
+                lines.append(f"    sync: {site}")
+    return lines
+
+
 def rotate(calls: list) -> Callable[[], None]:
     """One step of the bench's rotation over its data copies."""
     state = [0]
@@ -79,6 +170,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--fold-plan", action="store_true", help="also the fold_plan cases")
     ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
+    ap.add_argument("--audit", action="store_true",
+                    help="bench-like samples of every side in turn: issue vs device time, allocator counts, syncs")
     ap.add_argument("--backward-on-caller", action="store_true",
                     help="profile with the autograd engine on the calling thread (Python backwards by name)")
     args = ap.parse_args()
@@ -100,6 +193,11 @@ def main() -> None:
     for found in case_steps(args.manifest, args.op, args.case, device):
         if isinstance(found, tuple):
             raise found[1]
+        if args.audit:
+            say(f"{found.case.id} {found.mode} audit:")
+            for line in audit(found.refs, inner=12, rounds=5):
+                say(line)
+            continue
         for name, ref in found.refs:
             step = rotate(ref.calls)
             with ref.context():

@@ -31,11 +31,12 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 Fn = Callable[[], object]
+T = TypeVar("T")
 
 
 class Timing(BaseModel):
@@ -186,6 +187,16 @@ def _host_timing(fn: Fn, budget: Budget, warm: bool = True) -> Timing:
     return Timing.of(per, inner)
 
 
+def _in_context(entry: Entry, fn: Callable[[], T]) -> T | Exception:
+    """``fn()`` inside the entry's context, or the exception it raised: one implementation's failure is recorded on
+    it by the caller while the others go on being timed."""
+    try:
+        with entry.context():
+            return fn()
+    except Exception as exc:
+        return exc
+
+
 class HostTimer:
     """The CPU smoke's clock: wall time per call; no kernels figure, no device memory."""
 
@@ -210,14 +221,7 @@ class HostTimer:
 
     def e2e_rounds(self, entries: dict[str, Entry]) -> Rounds:
         """One entry after the other (the CPU smoke claims no figures)."""
-        out: Rounds = {}
-        for label, entry in entries.items():
-            try:
-                with entry.context():
-                    out[label] = self.e2e_host(entry.calls)
-            except Exception as exc:  # the caller records it on that implementation
-                out[label] = exc
-        return out
+        return {label: _in_context(entry, lambda e=entry: self.e2e_host(e.calls)) for label, entry in entries.items()}
 
     def kernels(self, calls: Sequence[Fn]) -> Timing | None:
         return None
@@ -295,21 +299,21 @@ class CudaTimer:
         out: Rounds = {}
         plans: dict[str, tuple[int, int]] = {}
         for label, entry in entries.items():
-            try:
-                with entry.context():
-                    plans[label] = self._plan(entry.calls)
-            except Exception as exc:  # the caller records it on that implementation
-                out[label] = exc
+            plan = _in_context(entry, lambda e=entry: self._plan(e.calls))
+            if isinstance(plan, Exception):
+                out[label] = plan
+            else:
+                plans[label] = plan
         runs: dict[str, list[tuple[float, float]]] = {label: [] for label in plans}
         for r in range(max((n for _, n in plans.values()), default=0)):
             for label, (inner, samples) in plans.items():
                 if r >= samples or label in out:
                     continue
-                try:
-                    with entries[label].context():
-                        runs[label].append(self._batch(entries[label].calls, inner))
-                except Exception as exc:
-                    out[label] = exc
+                got = _in_context(entries[label], lambda e=entries[label], n=inner: self._batch(e.calls, n))
+                if isinstance(got, Exception):
+                    out[label] = got
+                else:
+                    runs[label].append(got)
         for label, (inner, _) in plans.items():
             if label not in out:
                 out[label] = (Timing.of([d for d, _ in runs[label]], inner),
