@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
-import os
 import re
 import shutil
 import subprocess
@@ -29,23 +28,17 @@ _FUNCTION = re.compile(r"\s+Function : (\S+)")
 _INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?);")
 
 
-def build_flags() -> list[str]:
-    """setup.py's ``NVCC_SM90A_FLAGS``, read without running setup.py (importing it would run setup())."""
+def build_setup() -> tuple[str, list[str]]:
+    """(nvcc, the sm_90a flags) as setup.py finds and uses them: its definitions run without its final
+    ``setup(...)`` call (importing it would run the build)."""
     tree = ast.parse((ROOT / "setup.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NVCC_SM90A_FLAGS" for t in node.targets):
-            return list(ast.literal_eval(node.value))
-    raise SystemExit("setup.py: NVCC_SM90A_FLAGS not found")
-
-
-def nvcc() -> str:
-    home = os.environ.get("CUDA_HOME")
-    if home and (Path(home) / "bin" / "nvcc").is_file():
-        return str(Path(home) / "bin" / "nvcc")
-    found = shutil.which("nvcc")
-    if found is None:
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call))]
+    ns: dict = {"__file__": str(ROOT / "setup.py"), "__name__": "gradsweep_setup"}
+    exec(compile(tree, str(ROOT / "setup.py"), "exec"), ns)
+    nvcc = ns["find_nvcc"]()
+    if nvcc is None:
         raise SystemExit("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
-    return found
+    return nvcc, list(ns["NVCC_SM90A_FLAGS"])
 
 
 def cuobjdump() -> str:
@@ -69,12 +62,13 @@ def normalise(instruction: str) -> str:
     return re.sub(r"0x[0-9a-f]+", "X", out)
 
 
-def kernels(tree: Path, tu: str, work: Path) -> dict[str, list[str]]:
-    """Normalised SASS of every kernel of csrc/<tu>.cu in ``tree``."""
+def kernels(tree: Path, tu: str, work: Path, tools: tuple[str, list[str], str]) -> dict[str, list[str]]:
+    """Normalised SASS of every kernel of csrc/<tu>.cu in ``tree``; ``tools``: (nvcc, its flags, cuobjdump)."""
+    nvcc, flags, objdump = tools
     cubin = work / f"{tu}.cubin"
-    subprocess.run([nvcc(), "-cubin", *build_flags(), "-I", str(tree / "csrc"), str(tree / "csrc" / f"{tu}.cu"),
+    subprocess.run([nvcc, "-cubin", *flags, "-I", str(tree / "csrc"), str(tree / "csrc" / f"{tu}.cu"),
                     "-o", str(cubin)], check=True)
-    sass = subprocess.run([cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    sass = subprocess.run([objdump, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
     out: dict[str, list[str]] = {}
     current = None
     for line in sass.splitlines():
@@ -110,12 +104,14 @@ def main() -> None:
     ap.add_argument("new", type=Path)
     ap.add_argument("--tu", action="append", required=True, help="a translation unit of csrc/, e.g. attention_fwd")
     args = ap.parse_args()
+    tools = (*build_setup(), cuobjdump())
     with tempfile.TemporaryDirectory() as tmp:
+        work_old, work_new = Path(tmp) / "old", Path(tmp) / "new"
+        work_old.mkdir()
+        work_new.mkdir()
         for tu in args.tu:
-            (Path(tmp) / "old").mkdir(exist_ok=True)
-            (Path(tmp) / "new").mkdir(exist_ok=True)
-            old = kernels(args.old.resolve(), tu, Path(tmp) / "old")
-            new = kernels(args.new.resolve(), tu, Path(tmp) / "new")
+            old = kernels(args.old.resolve(), tu, work_old, tools)
+            new = kernels(args.new.resolve(), tu, work_new, tools)
             print(f"== csrc/{tu}.cu")
             for line in compare(old, new):
                 print("  " + line)
