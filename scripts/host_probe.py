@@ -8,12 +8,12 @@ where a step's host time goes, to decide what to cut next.
 
     PYTHONPATH=. python3 scripts/host_probe.py OUT --op rms_norm --op qk_norm --profile cuda --profile triton
 
-``--audit`` times each step the way the bench's end-to-end clock does (samples of back-to-back calls between
-two events, every side in turn) and prints, per side, the host issue time and the device time per call, what
-the caching allocators did during the samples (device blocks allocated / freed, allocation retries: a
-``cudaFree`` waits for the device; pinned host blocks allocated), and each distinct synchronising call that
-torch's sync-debug mode reports with the Python frames that made it: a step whose issue time is near host +
-device rather than max(host, device) waits for the device somewhere, and this says where.
+``--audit`` times each step with the bench's own end-to-end clock (``CudaTimer.e2e_rounds``: samples of
+back-to-back calls between two events, every side in turn) and prints, per side, the host issue time and the
+end-to-end time per call, what the caching allocators did during the samples (device blocks allocated / freed,
+allocation retries: a ``cudaFree`` waits for the device; pinned host blocks allocated), and each distinct
+synchronising call that torch's sync-debug mode reports with the Python frames that made it: a step whose issue
+time is near host + device rather than max(host, device) waits for the device somewhere, and this says where.
 
 cProfile sees the calling thread only: a backward that the autograd engine runs on its device thread shows up
 inside ``run_backward`` as one opaque entry, unless ``--backward-on-caller`` (the engine then runs backwards on
@@ -23,16 +23,19 @@ the calling thread while profiling: the Python backwards, fold planning included
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import cProfile
 import io
 import pstats
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 from gradsweep.bench.catalog import fold_plan
+from gradsweep.bench.timing import CudaTimer, Entry
 from scripts.probe_cases import case_steps
 
 
@@ -109,43 +112,37 @@ def _sync_sites(step: Callable[[], object]) -> list[str]:
     return [f"{n}x {k}" for k, n in seen.items()]
 
 
-def audit(refs: list, inner: int, rounds: int) -> list[str]:
-    """Each side's samples in turn, as the bench's round robin takes them: per side the median issue and device
-    ms per call, the allocators' counts summed over the samples, then each side's synchronising calls."""
-    steps = [(name, ref, rotate(ref.calls)) for name, ref in refs]
-    for _, ref, step in steps:
-        with ref.context():
-            for _ in range(3):
-                step()
-    torch.cuda.synchronize()
-    issue: dict[str, list[float]] = {n: [] for n, _, _ in steps}
-    device: dict[str, list[float]] = {n: [] for n, _, _ in steps}
-    counts: dict[str, dict[str, int]] = {n: {} for n, _, _ in steps}
-    for _ in range(rounds):
-        for name, ref, step in steps:
+def audit(refs: list) -> list[str]:
+    """Every side timed by the bench's own end-to-end clock (``CudaTimer.e2e_rounds``: its warm-up, sample sizes
+    and round robin): per side the median issue and end-to-end ms per call, the allocators' counts summed over
+    the side's batches (taken in the context the timer enters around each batch, outside its timed region: the
+    warm-up's included), then each side's synchronising calls."""
+    counts: dict[str, collections.Counter] = {name: collections.Counter() for name, _ in refs}
+
+    def counted(name: str, ref) -> Callable[[], contextlib.AbstractContextManager]:
+        @contextlib.contextmanager
+        def context() -> Iterator[None]:
             with ref.context():
                 before = _alloc_counts()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                start.record()
-                t0 = time.perf_counter()
-                for _ in range(inner):
-                    step()
-                issued = (time.perf_counter() - t0) / inner * 1e3
-                end.record()
-                end.synchronize()
-                issue[name].append(issued)
-                device[name].append(start.elapsed_time(end) / inner)
-                after = _alloc_counts()
-                for k in after:
-                    counts[name][k] = counts[name].get(k, 0) + after[k] - before[k]
+                try:
+                    yield
+                finally:
+                    after = _alloc_counts()
+                    counts[name].update({k: after[k] - before[k] for k in after})
+        return context
+
+    got = CudaTimer().e2e_rounds({name: Entry(ref.calls, counted(name, ref)) for name, ref in refs})
     lines = []
-    for name, ref, step in steps:
-        i, d = sorted(issue[name]), sorted(device[name])
-        lines.append(f"  [{name}] issue {i[len(i) // 2]:.3f} ms, e2e {d[len(d) // 2]:.3f} ms per call over "
-                     f"{rounds} x {inner} calls; allocators: {counts[name]}")
+    for name, ref in refs:
+        result = got[name]
+        if isinstance(result, Exception):
+            lines.append(f"  [{name}] failed: {result!r}")
+            continue
+        e2e, issue = result
+        lines.append(f"  [{name}] issue {issue.median_ms:.3f} ms, e2e {e2e.median_ms:.3f} ms per call over "
+                     f"{e2e.samples} x {e2e.calls_per_sample} calls; allocators: {dict(counts[name])}")
         with ref.context():
-            for site in _sync_sites(step):
+            for site in _sync_sites(rotate(ref.calls)):
                 lines.append(f"    sync: {site}")
     return lines
 
@@ -195,7 +192,7 @@ def main() -> None:
             raise found[1]
         if args.audit:
             say(f"{found.case.id} {found.mode} audit:")
-            for line in audit(found.refs, inner=12, rounds=5):
+            for line in audit(found.refs):
                 say(line)
             continue
         for name, ref in found.refs:
