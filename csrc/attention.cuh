@@ -153,5 +153,49 @@ struct Program {
   __device__ __forceinline__ int64_t kv_tok() const { return tok0 - pos0; }  // token of the sample's start
 };
 
+// The key-block loop of the forward and dQ programs: blocks 0 .. nb-1 of two operands through shared memory, the
+// one each block uses first (forward: K for the scores; dQ: V for dP = dO V^T) and the one it uses second.
+// `load(dst, src, n0)` loads the block of keys n0 .. n0 + BN - 1 of `src` (issues cp.async; no commit).
+// Expects block 0 of both issued: SPLIT as two cp.async groups (first's, then second's), else as one group.
+// SPLIT: one buffer per operand; the first's next block loads while this block's second use runs, the second's
+// while the next block's first use runs (groups first0, second0, first1, ..: waiting for all but the newest
+// group finds the operand about to be used landed). Else two stages of both, the next block loading during this
+// one. Who loads and when never touches a row's arithmetic: the same bits either way.
+template <int BN, bool SPLIT, class Load, class UseFirst, class UseSecond>
+__device__ __forceinline__ void key_block_loop(int nb, int stage, bf16* s_first, bf16* s_second, const bf16* first,
+                                               const bf16* second, Load load, UseFirst use_first,
+                                               UseSecond use_second) {
+  if constexpr (SPLIT) {
+    for (int b = 0; b < nb; ++b) {
+      mma::cp_async_wait<1>();  // the first operand of block b (the second may still land)
+      __syncthreads();
+      use_first(s_first, b);
+      __syncthreads();  // read by every warp before the next block overwrites it
+      if (b + 1 < nb) load(s_first, first, (b + 1) * BN);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();  // the second operand of block b (the first of block b + 1 may still land)
+      __syncthreads();
+      use_second(s_second, b);
+      __syncthreads();
+      if (b + 1 < nb) load(s_second, second, (b + 1) * BN);
+      mma::cp_async_commit();
+    }
+  } else {
+    for (int b = 0; b < nb; ++b) {
+      if (b + 1 < nb) {
+        const int st = (b + 1) & 1;
+        load(s_first + st * stage, first, (b + 1) * BN);
+        load(s_second + st * stage, second, (b + 1) * BN);
+      }
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+      __syncthreads();
+      use_first(s_first + (b & 1) * stage, b);
+      use_second(s_second + (b & 1) * stage, b);
+      __syncthreads();  // every warp is done with this stage before the next iteration's load overwrites it
+    }
+  }
+}
+
 }  // namespace attn
 }  // namespace gs

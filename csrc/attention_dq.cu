@@ -191,14 +191,9 @@ __global__ void __launch_bounds__(WARPS * 32, DqCfg<DP, WARPS, MI, SPLIT>::MIN_B
       return n <= pmax ? base + ((kv_tok + n) * p.HKV + hk) * p.D : nullptr;
     }, p.D, p.vec_kv);
   };
-  if constexpr (SPLIT) {  // groups V0, K0, V1, K1, ..: V first (dP is computed first)
-    load_keys(sV, p.v, 0);
-    mma::cp_async_commit();
-    load_keys(sK, p.k, 0);
-  } else {
-    load_keys(sK, p.k, 0);
-    load_keys(sV, p.v, 0);
-  }
+  load_keys(sV, p.v, 0);  // block 0 of both, V first: dP is computed first (SPLIT: as two cp.async groups)
+  if constexpr (SPLIT) mma::cp_async_commit();
+  load_keys(sK, p.k, 0);
   mma::cp_async_commit();
   for (int r = threadIdx.x; r < C::BM; r += C::THREADS) {  // per row: lse and delta_o (dead slots: 0)
     const int64_t off = row_off(r);
@@ -245,36 +240,8 @@ __global__ void __launch_bounds__(WARPS * 32, DqCfg<DP, WARPS, MI, SPLIT>::MIN_B
       dq_block_k<C, MI, true>(sQ, k_s, wrow, b * C::BN, pos, lse, del, dp, dsum, dq, p.qk_scale, p.exact);
     }
   };
-  if constexpr (SPLIT) {
-    for (int b = 0; b < nb; ++b) {
-      mma::cp_async_wait<1>();  // V of block b (K of block b may still land)
-      __syncthreads();
-      row_products<C, MI>(sO, sV, wrow, dp);
-      __syncthreads();
-      if (b + 1 < nb) load_keys(sV, p.v, (b + 1) * C::BN);
-      mma::cp_async_commit();
-      mma::cp_async_wait<1>();  // K of block b (V of block b + 1 may still land)
-      __syncthreads();
-      rest(sK, b);
-      __syncthreads();
-      if (b + 1 < nb) load_keys(sK, p.k, (b + 1) * C::BN);
-      mma::cp_async_commit();
-    }
-  } else {
-    for (int b = 0; b < nb; ++b) {
-      if (b + 1 < nb) {
-        const int st = (b + 1) & 1;
-        load_keys(sK + st * C::BN * C::LD, p.k, (b + 1) * C::BN);
-        load_keys(sV + st * C::BN * C::LD, p.v, (b + 1) * C::BN);
-      }
-      mma::cp_async_commit();
-      mma::cp_async_wait<1>();
-      __syncthreads();
-      row_products<C, MI>(sO, sV + (b & 1) * C::BN * C::LD, wrow, dp);
-      rest(sK + (b & 1) * C::BN * C::LD, b);
-      __syncthreads();
-    }
-  }
+  auto products = [&](const bf16* v_s, int) { row_products<C, MI>(sO, v_s, wrow, dp); };  // dP = dO V^T first
+  key_block_loop<C::BN, SPLIT>(nb, C::BN * C::LD, sV, sK, p.v, p.k, load_keys, products, rest);
 
 #pragma unroll
   for (int i = 0; i < MI; ++i)

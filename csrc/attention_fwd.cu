@@ -226,44 +226,11 @@ __global__ void __launch_bounds__(FwdCfg<DP, WARPS, MI, CW, SPLIT>::THREADS,
       fwd_pv<C, MI, true>(v_s, bp, acc);
     }
   };
-  if constexpr (SPLIT) {
-    // cp.async groups in order K0, V0, K1, V1, ..: waiting for all but the newest finds K_b, then V_b, landed
-    load_keys(sK, p.k, 0);
-    mma::cp_async_commit();
-    load_keys(sV, p.v, 0);
-    mma::cp_async_commit();
-    for (int b = 0; b < nb; ++b) {
-      mma::cp_async_wait<1>();
-      __syncthreads();
-      scores(sK, b);
-      __syncthreads();  // K read by every warp before the next block's keys overwrite it
-      if (b + 1 < nb) load_keys(sK, p.k, (b + 1) * C::BN);
-      mma::cp_async_commit();
-      mma::cp_async_wait<1>();
-      __syncthreads();
-      pv(sV, b);
-      __syncthreads();
-      if (b + 1 < nb) load_keys(sV, p.v, (b + 1) * C::BN);
-      mma::cp_async_commit();
-    }
-  } else {
-    load_keys(sK, p.k, 0);
-    load_keys(sV, p.v, 0);
-    mma::cp_async_commit();
-    for (int b = 0; b < nb; ++b) {
-      if (b + 1 < nb) {
-        const int st = (b + 1) & 1;
-        load_keys(sK + st * C::BN * C::LD, p.k, (b + 1) * C::BN);
-        load_keys(sV + st * C::BN * C::LD, p.v, (b + 1) * C::BN);
-      }
-      mma::cp_async_commit();
-      mma::cp_async_wait<1>();
-      __syncthreads();
-      scores(sK + (b & 1) * C::BN * C::LD, b);
-      pv(sV + (b & 1) * C::BN * C::LD, b);
-      __syncthreads();  // every warp is done with this stage before the next iteration's load overwrites it
-    }
-  }
+  load_keys(sK, p.k, 0);  // block 0 of both (SPLIT: as two cp.async groups, K0 then V0)
+  if constexpr (SPLIT) mma::cp_async_commit();
+  load_keys(sV, p.v, 0);
+  mma::cp_async_commit();
+  key_block_loop<C::BN, SPLIT>(nb, C::BN * C::LD, sK, sV, p.k, p.v, load_keys, scores, pv);
   if (!rows_here) return;
 
 #pragma unroll
