@@ -41,6 +41,13 @@ constexpr int kNarrowRows = 16; // a narrow program: one m-tile on one warp (dec
 constexpr int kNarrowWarps = 4;
 constexpr int kMaxHeadDim = 128;
 
+// Blocks per SM a launch bound may ask for: what the shared memory allows (228 KB per SM, 1 KB reserved a block),
+// at most what `regs` registers a thread allow (64 K registers per SM).
+constexpr int blocks_per_sm(int smem_bytes, int threads, int regs) {
+  const int by_smem = (228 * 1024) / (smem_bytes + 1024), by_regs = 65536 / (threads * regs);
+  return by_smem < by_regs ? by_smem : by_regs;
+}
+
 __device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x & 31u); }
 
 // -0 -> +0, every other value (NaN included) unchanged: a masked key adds 0 * v, whose sign depends on

@@ -39,9 +39,7 @@ struct DqCfg {
   static constexpr int KV_BUFS = SPLIT ? 1 : 2;
   static constexpr int SMEM = (2 * BM + 2 * KV_BUFS * BN) * LD * 2 + 2 * BM * 4;  // Q, dO, K / V, lse, delta
   // the split program asks for as many blocks as its shared memory allows, at most what 168 registers allow
-  static constexpr int SMEM_BLOCKS = (228 * 1024) / (SMEM + 1024);
-  static constexpr int REG_BLOCKS = 65536 / (THREADS * 168);
-  static constexpr int MIN_BLOCKS = !SPLIT ? 1 : SMEM_BLOCKS < REG_BLOCKS ? SMEM_BLOCKS : REG_BLOCKS;
+  static constexpr int MIN_BLOCKS = !SPLIT ? 1 : blocks_per_sm(SMEM, THREADS, 168);
 };
 
 // sum_d o[d] * do[d] in d order (16-byte and element loads read the same values in the same order).

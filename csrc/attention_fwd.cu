@@ -38,11 +38,9 @@ struct FwdCfg {
   static constexpr int NJ = BN / 8, ND = DP / 8, KS = DP / 16;
   static constexpr int KV_BUFS = SPLIT ? 1 : 2;
   static constexpr int SMEM = (BM + 2 * KV_BUFS * BN) * LD * 2;  // Q, then K and V buffers
-  // blocks per SM the shared memory allows (228 KB, 1 KB reserved a block), at most what 128 registers a thread
-  // allow: the register bound ptxas is given. The wide program: two (128 registers; without the bound 135 and one)
-  static constexpr int SMEM_BLOCKS = (228 * 1024) / (SMEM + 1024);
-  static constexpr int REG_BLOCKS = 65536 / (THREADS * 128);
-  static constexpr int MIN_BLOCKS = SMEM_BLOCKS < REG_BLOCKS ? SMEM_BLOCKS : REG_BLOCKS;
+  // blocks per SM the shared memory allows, at most what 128 registers a thread allow: the register bound ptxas is
+  // given. The wide program: two (128 registers; without the bound 135 and one)
+  static constexpr int MIN_BLOCKS = blocks_per_sm(SMEM, THREADS, 128);
 };
 
 // The scores half of folding one key block into the warp's rows: S = Q K^T, the online softmax update of m and l,
