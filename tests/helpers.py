@@ -1,4 +1,4 @@
-"""Shared test helpers: small manifests written to a temp dir."""
+"""Shared test helpers: small manifests written to a temp dir; the refusals both attention APIs share."""
 
 from __future__ import annotations
 
@@ -36,3 +36,26 @@ def write_manifest(tmp_path: Path, data: dict, name: str = "m.yaml") -> Path:
 
 def load_dict(tmp_path: Path, data: dict):
     return load_manifest(write_manifest(tmp_path, data), allow_plugins=True)  # planted ops are plugins
+
+
+def check_attention_cache_refusals(attn, q, k, v) -> None:
+    """The refusals both families' attention APIs share (``attn``: gradsweep.{triton,cuda}_kernels.attention),
+    on a cache of samples [8, 4], 2 query heads over 1 K/V head, head_dim 32, and bf16 q / k / v of 2 rows: a
+    row whose key slot was never written, a slot written twice, a position outside its sample, a fold finished
+    before every token's backward, and a query-head count that is no multiple of the K/V heads."""
+    import pytest
+
+    from gradsweep.canonical import RowIdentity
+
+    cache = attn.AttentionCache([8, 4], 2, 32, "cpu", kv_heads=1)
+    with pytest.raises(ValueError, match="never written"):
+        attn.attention(q, k, v, RowIdentity.packed([2], [0], [3]), cache)
+    attn.attention(q, k, v, RowIdentity.packed([2], [0], [0]), cache)
+    with pytest.raises(ValueError, match="written twice"):
+        attn.attention(q, k, v, RowIdentity.packed([2], [0], [1]), cache)
+    with pytest.raises(ValueError, match="outside its sample"):
+        attn.attention(q, k, v, RowIdentity.packed([2], [1], [3]), cache)
+    with pytest.raises(ValueError, match="never reached the backward"):
+        cache.finish()
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        attn.AttentionCache([4], 3, 32, "cpu", kv_heads=2)

@@ -27,6 +27,7 @@ from gradsweep.manifest import DEFAULT_MANIFEST, load_manifest
 from gradsweep.ops.base import CallContext, CallOutput
 from gradsweep.ops.registry import get_op
 from tests.fakes import cuda_attention_ext, cuda_ext
+from tests.helpers import check_attention_cache_refusals
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -164,20 +165,10 @@ def test_stand_in_goes_red_on_planted_faults(stand_in, monkeypatch: pytest.Monke
 def test_refusals_name_the_problem(stand_in) -> None:
     with pytest.raises(ValueError, match="supported head_dims: 1 to 128"):
         attn.AttentionCache([4], 2, 256, "cpu")
-    with pytest.raises(ValueError, match="multiple of kv_heads"):
-        attn.AttentionCache([4], 3, 32, "cpu", kv_heads=2)
-    cache = attn.AttentionCache([8, 4], 2, 32, "cpu", kv_heads=1)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, h, 32, generator=g).bfloat16() for h in (2, 1, 1))
-    with pytest.raises(ValueError, match="never written"):
-        attn.attention(q, k, v, RowIdentity.packed([2], [0], [3]), cache)
-    attn.attention(q, k, v, RowIdentity.packed([2], [0], [0]), cache)
-    with pytest.raises(ValueError, match="written twice"):
-        attn.attention(q, k, v, RowIdentity.packed([2], [0], [1]), cache)
-    with pytest.raises(ValueError, match="outside its sample"):
-        attn.attention(q, k, v, RowIdentity.packed([2], [1], [3]), cache)
-    with pytest.raises(ValueError, match="never reached the backward"):
-        cache.finish()
+    check_attention_cache_refusals(attn, q, k, v)
+    cache = attn.AttentionCache([8, 4], 2, 32, "cpu", kv_heads=1)
     with pytest.raises(ValueError, match="bfloat16"):
         attn.attention(q.float(), k, v, RowIdentity.packed([2], [0], [2]), cache)
 

@@ -30,6 +30,7 @@ from gradsweep.ops.base import CallContext, CallOutput
 from gradsweep.ops.registry import get_op
 from gradsweep.triton_kernels import attention as attn
 from gradsweep.triton_kernels._common import INTERPRET, same_bits
+from tests.helpers import check_attention_cache_refusals
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp2 of masked lanes
 
@@ -206,21 +207,10 @@ def _qkv(n: int, heads: int = 2, kv_heads: int = 1, d: int = 32, seed: int = 0):
 
 
 def test_refusals_name_the_problem():
+    check_attention_cache_refusals(attn, *_qkv(2))
     cache = attn.AttentionCache([8, 4], 2, 32, "cpu", kv_heads=1)
-    q, k, v = _qkv(2)
-    with pytest.raises(ValueError, match="never written"):
-        attn.attention(q, k, v, RowIdentity.packed([2], [0], [3]), cache)
-    attn.attention(q, k, v, RowIdentity.packed([2], [0], [0]), cache)
-    with pytest.raises(ValueError, match="written twice"):
-        attn.attention(q, k, v, RowIdentity.packed([2], [0], [1]), cache)
-    with pytest.raises(ValueError, match="outside its sample"):
-        attn.attention(q, k, v, RowIdentity.packed([2], [1], [3]), cache)
     with pytest.raises(ValueError, match="kv_heads"):
         attn.attention(*_qkv(2, kv_heads=2), RowIdentity.packed([2], [0], [2]), cache)
-    with pytest.raises(ValueError, match="never reached the backward"):
-        cache.finish()
-    with pytest.raises(ValueError, match="multiple of kv_heads"):
-        attn.AttentionCache([4], 3, 32, "cpu", kv_heads=2)
     with pytest.raises(ValueError, match="divisor of heads"):
         AttentionShape(heads=6, kv_heads=4, head_dim=32)
     assert AttentionShape(heads=6, head_dim=32).kv_heads == 6
