@@ -63,7 +63,8 @@ def plan(sides: list[Side], ops: list[str], families: list[str], cases: list[str
          rounds: int, dump_dir: Path) -> list[Step]:
     """The steps in order: tests and a bits dump per side, the comparisons, then the benches in alternation."""
     py = sys.executable
-    sel = [a for op in ops for a in ("--op", op)] + [a for c in cases for a in ("--case", c)]
+    op_args = [a for op in ops for a in ("--op", op)]
+    sel = op_args + [a for c in cases for a in ("--case", c)]
     fam = [a for f in families for a in ("--family", f)]
     steps: list[Step] = []
     for side in sides:
@@ -74,10 +75,9 @@ def plan(sides: list[Side], ops: list[str], families: list[str], cases: list[str
     for side in sides[1:]:
         steps.append(Step(None, [py, "scripts/bits_dump.py", "compare", str(dump_dir / f"{sides[0].name}.pt"),
                                  str(dump_dir / f"{side.name}.pt")], f"bits {sides[0].name} vs {side.name}"))
-    bench_ops = [a for op in ops for a in ("--op", op)]
     for r in range(rounds):
         for side in sides:
-            steps.append(Step(side, [py, "-m", "gradsweep.cli", "bench", "manifests/h200.yaml", *bench_ops, *fam,
+            steps.append(Step(side, [py, "-m", "gradsweep.cli", "bench", "manifests/h200.yaml", *op_args, *fam,
                                      "-o", str(dump_dir / f"bench_{side.name}_{r}.json"), "--key",
                                      str(dump_dir / "ab.pem"), "--force"], f"bench [{side.name}] round {r + 1}"))
     return steps

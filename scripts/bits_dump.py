@@ -3,9 +3,11 @@ process per build), then compare two dumps raw bit for bit. A device check for k
 "same arithmetic, same bits" (a restructured program, a split launch), beside the sweep, which judges each build
 on its own; a diagnostic, not evidence.
 
-    PYTHONPATH=build_a python3 scripts/bits_dump.py dump a.pt --op attention --family cuda
-    PYTHONPATH=build_b python3 scripts/bits_dump.py dump b.pt --op attention --family cuda
+    python3 scripts/bits_dump.py dump a.pt --op attention --family cuda    # build A's _C.*.so in gradsweep/
+    python3 scripts/bits_dump.py dump b.pt --op attention --family cuda    # build B's _C.*.so in gradsweep/
     python3 scripts/bits_dump.py compare a.pt b.pt
+
+(``scripts/ab_builds.py`` swaps the builds' extensions and runs both dumps and the comparison in one call.)
 
 A dump holds, per bench case and family, the step's outputs and gradients in logical token order
 (``OpStep.collect``: main grads zeroed first, so folded parameter grads are this step's alone), on the host.
@@ -48,19 +50,21 @@ def dump(out: Path, manifest: str, ops: list[str], cases: list[str], families: l
     return len(found)
 
 
-def compare(a: Path, b: Path) -> list[str]:
+def compare(a: Path, b: Path) -> tuple[list[str], bool]:
     """One line per step: equal, or what differs (raw bits, NaN-aware, as the bench's checks); steps in one dump
-    only are named."""
+    only are named. Also whether every step is in both dumps and equal."""
     da, db = torch.load(a), torch.load(b)
-    lines = []
+    lines, same = [], bool(da or db)
     for key in sorted(set(da) | set(db)):
         if key not in da or key not in db:
             lines.append(f"{key}: only in {'the first' if key in da else 'the second'} dump")
+            same = False
             continue
         diffs = compare_logical(da[key], db[key])
+        same = same and not diffs
         lines.append(f"{key}: {'bitwise equal' if not diffs else 'DIFFERS: ' + '; '.join(diffs[:6])}"
                      f" ({len(da[key])} tensors)")
-    return lines
+    return lines, same
 
 
 def main() -> None:
@@ -80,9 +84,9 @@ def main() -> None:
         n = dump(args.out, args.manifest, args.op, args.case, args.family)
         print(f"{n} steps dumped to {args.out}")
         return
-    lines = compare(args.a, args.b)
+    lines, same = compare(args.a, args.b)
     print("\n".join(lines))
-    if not lines or any(" equal " not in line for line in lines):
+    if not same:
         raise SystemExit(1)
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
+from gradsweep.canonical import RowIdentity
 from gradsweep.manifest import MANIFEST_DIR, load_manifest
 
 LENGTHS = [37, 5, 64, 1, 23]
@@ -43,10 +45,6 @@ def check_attention_cache_refusals(attn, q, k, v) -> None:
     on a cache of samples [8, 4], 2 query heads over 1 K/V head, head_dim 32, and bf16 q / k / v of 2 rows: a
     row whose key slot was never written, a slot written twice, a position outside its sample, a fold finished
     before every token's backward, and a query-head count that is no multiple of the K/V heads."""
-    import pytest
-
-    from gradsweep.canonical import RowIdentity
-
     cache = attn.AttentionCache([8, 4], 2, 32, "cpu", kv_heads=1)
     with pytest.raises(ValueError, match="never written"):
         attn.attention(q, k, v, RowIdentity.packed([2], [0], [3]), cache)

@@ -20,10 +20,12 @@ def test_compare_equal_and_differing_steps(tmp_path) -> None:
     b = {"attention/fwd_bwd [cuda]": {"o": x.clone(), "dk": flipped}, "only_b [cuda]": {"o": x.clone()}}
     _save(tmp_path / "a.pt", a)
     _save(tmp_path / "b.pt", b)
-    lines = dict(line.split(": ", 1) for line in compare(tmp_path / "a.pt", tmp_path / "b.pt"))
+    found, same = compare(tmp_path / "a.pt", tmp_path / "b.pt")
+    assert not same
+    lines = dict(line.split(": ", 1) for line in found)
     assert lines["attention/fwd_bwd [cuda]"].startswith("DIFFERS: dk: 1/3 differ")
     assert lines["only_a [cuda]"] == "only in the first dump"
     assert lines["only_b [cuda]"] == "only in the second dump"
     _save(tmp_path / "c.pt", {"attention/fwd_bwd [cuda]": {"o": x.clone(), "dk": x.clone()}})
-    same = compare(tmp_path / "c.pt", tmp_path / "c.pt")
-    assert same == ["attention/fwd_bwd [cuda]: bitwise equal (2 tensors)"]
+    assert compare(tmp_path / "c.pt", tmp_path / "c.pt") == (["attention/fwd_bwd [cuda]: bitwise equal (2 tensors)"],
+                                                              True)
