@@ -36,8 +36,11 @@ int attn_dq(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t dout, 
             uintptr_t stream);
 
 // attention_dkdv.cu: work int32 [n_work, 3] rows (token of the sample's start, first key, sample length).
+// path: as gemm_nt's (0 auto: the wgmma fold on Hopper at head_dim 65 .. 128, else mma.sync; 1 the mma.sync fold;
+// 2 the wgmma fold, cudaErrorNotSupported where it does not apply). Both give the same bits: tests compare them.
 int attn_dkdv(uintptr_t k, uintptr_t v, uintptr_t q, uintptr_t dout, uintptr_t lse, uintptr_t delta, uintptr_t dk,
               uintptr_t dv, uintptr_t work, int64_t n_work, int64_t HQ, int64_t HKV, int64_t D, int64_t T,
-              float qk_scale, float sm_scale, bool load_acc, bool fp32_grads, int device, uintptr_t stream);
+              float qk_scale, float sm_scale, bool load_acc, bool fp32_grads, int device, uintptr_t stream,
+              int path = 0);
 
 }  // namespace gs

@@ -9,27 +9,12 @@
 // and stores them. Every input (the K / V / Q / dO stores, lse, delta) is indexed by logical token and every
 // loop bound is a function of the sample's length and the key block, so any split of the step into calls and
 // any order of their backwards give the same bits. Each key row has one writer: no atomics.
-#include "attention.cuh"
 #include "attention.h"
+#include "attention_dkdv.cuh"
+#include "gradsweep.h"
 
 namespace gs {
 namespace attn {
-
-struct KvParams {
-  const bf16* k;
-  const bf16* v;
-  const bf16* q;
-  const bf16* dout;
-  const float* lse;
-  const float* delta;
-  float* dk;
-  float* dv;
-  const int32_t* work;
-  int G;
-  int64_t HQ, HKV, D, T;
-  float qk_scale, sm_scale;
-  bool load_acc, vec_kv, vec_q, pair_acc;
-};
 
 // STAGES: query tiles in flight (Q, dO, lse, delta of tile it + STAGES - 1 load during tile it's products).
 template <int DP, int WARPS, int STAGES>
@@ -51,49 +36,21 @@ __global__ void __launch_bounds__(WARPS * 32) dkdv_kernel(KvParams p) {
   float* sLse = reinterpret_cast<float*>(sO + STAGES * C::TILE * C::LD);
   float* sDel = sLse + STAGES * C::TILE;
 
-  const int64_t w = blockIdx.x / p.HKV;
-  const int64_t hk = blockIdx.x - w * p.HKV;
-  const int64_t tok_base = p.work[3 * w];
-  const int k0 = p.work[3 * w + 1];
-  const int L = p.work[3 * w + 2];
-
-  const auto key_rows = [&](const bf16* base) {
-    return [=](int r) -> const bf16* {
-      const int n = k0 + r;
-      return n < L ? base + ((tok_base + n) * p.HKV + hk) * p.D : nullptr;
-    };
-  };
+  const FoldProgram f(p, C::TILE);
+  const auto key_rows = [&](const bf16* base) { return [=](int r) { return f.key_row(p, base, r); }; };
   load_tile<C::BK, DP, C::THREADS>(sK, key_rows(p.k), p.D, p.vec_kv);
   load_tile<C::BK, DP, C::THREADS>(sV, key_rows(p.v), p.D, p.vec_kv);
 
-  const int t_first = (k0 / C::TILE) * C::TILE;  // the first tile holding a query that sees a key of the block
-  const int n_tiles = (L + C::TILE - 1) / C::TILE - t_first / C::TILE;
+  const int n_tiles = f.n_tiles;
   const int n_it = p.G * n_tiles;  // (head of the group, tile), heads outer
   auto load_tile_q = [&](int it, int stage) {
     const int g = it / n_tiles;
-    const int t0 = t_first + (it - g * n_tiles) * C::TILE;
-    const int64_t hq = hk * p.G + g;
-    const auto rows = [&](const bf16* base) {
-      return [=](int r) -> const bf16* {
-        const int qpos = t0 + r;
-        return qpos < L ? base + ((tok_base + qpos) * p.HQ + hq) * p.D : nullptr;
-      };
-    };
+    const int t0 = f.t_first + (it - g * n_tiles) * C::TILE;
+    const int64_t hq = f.hk * p.G + g;
+    const auto rows = [&](const bf16* base) { return [=](int r) { return f.query_row(p, base, hq, t0 + r); }; };
     load_tile<C::TILE, DP, C::THREADS>(sQ + stage * C::TILE * C::LD, rows(p.q), p.D, p.vec_q);
     load_tile<C::TILE, DP, C::THREADS>(sO + stage * C::TILE * C::LD, rows(p.dout), p.D, p.vec_q);
-    for (int r = threadIdx.x; r < C::TILE; r += C::THREADS) {
-      const int qpos = t0 + r;
-      float* lse_s = sLse + stage * C::TILE + r;
-      float* del_s = sDel + stage * C::TILE + r;
-      if (qpos < L) {
-        const int64_t at = hq * p.T + tok_base + qpos;
-        cp_async4(lse_s, p.lse + at);
-        cp_async4(del_s, p.delta + at);
-      } else {
-        *lse_s = INFINITY;  // p = 2^(s - inf) = 0 past the sample's end
-        *del_s = 0.0f;
-      }
-    }
+    load_lse_delta<C::TILE, C::THREADS>(sLse + stage * C::TILE, sDel + stage * C::TILE, p, f, hq, t0);
   };
   // Tiles 0 .. STAGES - 2 (K and V ride with tile 0's group); one group per stage, empty past the last tile.
 #pragma unroll
@@ -103,20 +60,9 @@ __global__ void __launch_bounds__(WARPS * 32) dkdv_kernel(KvParams p) {
   }
 
   const int warp = static_cast<int>(threadIdx.x >> 5);
-  const int gq = lane_id() >> 2, tq = lane_id() & 3;
   const int wrow = warp * 16;
   float dk[C::ND][4], dv[C::ND][4];
-#pragma unroll
-  for (int j = 0; j < C::ND; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int kpos = k0 + wrow + gq + 8 * (e >> 1);
-      const int col = 8 * j + 2 * tq + (e & 1);
-      const bool live = p.load_acc && kpos < L && col < p.D;
-      const int64_t at = ((tok_base + kpos) * p.HKV + hk) * p.D + col;
-      dk[j][e] = live ? p.dk[at] : 0.0f;  // the main grad, loaded before the fold
-      dv[j][e] = live ? p.dv[at] : 0.0f;
-    }
+  load_fold_acc<C::ND>(dk, dv, p, f, wrow);  // the main grad, loaded before the fold
 
   for (int it = 0; it < n_it; ++it) {
     mma::cp_async_wait<STAGES - 2>();
@@ -128,7 +74,7 @@ __global__ void __launch_bounds__(WARPS * 32) dkdv_kernel(KvParams p) {
     const bf16* o_s = sO + st * C::TILE * C::LD;
     const float* lse_s = sLse + st * C::TILE;
     const float* del_s = sDel + st * C::TILE;
-    const int t0 = t_first + (it % n_tiles) * C::TILE;
+    const int t0 = f.t_first + (it % n_tiles) * C::TILE;
 
     float s[C::NT][4], dp[C::NT][4];
 #pragma unroll
@@ -152,24 +98,7 @@ __global__ void __launch_bounds__(WARPS * 32) dkdv_kernel(KvParams p) {
         mma_pair(dp[2 * jp], dp[2 * jp + 1], va, b);
       }
     }
-    // Masked tiles: the diagonal (some query precedes some key of the block) and the sample's last tile.
-    const bool masked = t0 < k0 + C::BK - 1 || t0 + C::TILE > L;
-#pragma unroll
-    for (int j = 0; j < C::NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = 8 * j + 2 * tq + (e & 1);
-        const int qpos = t0 + qi;
-        const int kpos = k0 + wrow + gq + 8 * (e >> 1);
-        float pt = ex2(__fmaf_rn(s[j][e], p.qk_scale, -lse_s[qi]));
-        float ds = __fmul_rn(__fmul_rn(pt, __fsub_rn(dp[j][e], del_s[qi])), p.sm_scale);
-        if (masked && !(kpos <= qpos && qpos < L)) {
-          pt = 0.0f;
-          ds = 0.0f;
-        }
-        s[j][e] = pt;
-        dp[j][e] = ds;
-      }
+    fold_elements<C::NT, C::TILE, C::BK>(s, dp, lse_s, del_s, p, f, t0, wrow);
 
     uint32_t ah[C::NT / 2][4], al[C::NT / 2][4];
     if (FP32_GRADS) {
@@ -202,28 +131,7 @@ __global__ void __launch_bounds__(WARPS * 32) dkdv_kernel(KvParams p) {
       }
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int kpos = k0 + wrow + gq + 8 * h;
-    if (kpos >= L) continue;
-    const int64_t row = ((tok_base + kpos) * p.HKV + hk) * p.D;
-#pragma unroll
-    for (int j = 0; j < C::ND; ++j) {
-      const int col = 8 * j + 2 * tq;
-      if (col >= p.D) continue;
-      if (p.pair_acc && col + 1 < p.D) {
-        *reinterpret_cast<float2*>(p.dk + row + col) = make_float2(dk[j][2 * h], dk[j][2 * h + 1]);
-        *reinterpret_cast<float2*>(p.dv + row + col) = make_float2(dv[j][2 * h], dv[j][2 * h + 1]);
-      } else {
-        p.dk[row + col] = dk[j][2 * h];
-        p.dv[row + col] = dv[j][2 * h];
-        if (col + 1 < p.D) {
-          p.dk[row + col + 1] = dk[j][2 * h + 1];
-          p.dv[row + col + 1] = dv[j][2 * h + 1];
-        }
-      }
-    }
-  }
+  store_fold_acc<C::ND>(dk, dv, p, f, wrow);
 }
 
 template <int DP, bool FP32_GRADS, int STAGES>
@@ -254,7 +162,8 @@ int launch_dkdv_dp(const KvParams& p, int64_t n_work, bool fp32_grads, cudaStrea
 
 int attn_dkdv(uintptr_t k, uintptr_t v, uintptr_t q, uintptr_t dout, uintptr_t lse, uintptr_t delta, uintptr_t dk,
               uintptr_t dv, uintptr_t work, int64_t n_work, int64_t HQ, int64_t HKV, int64_t D, int64_t T,
-              float qk_scale, float sm_scale, bool load_acc, bool fp32_grads, int device, uintptr_t stream) {
+              float qk_scale, float sm_scale, bool load_acc, bool fp32_grads, int device, uintptr_t stream,
+              int path) {
   if (n_work == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
@@ -280,6 +189,12 @@ int attn_dkdv(uintptr_t k, uintptr_t v, uintptr_t q, uintptr_t dout, uintptr_t l
   p.vec_q = aligned16(p.q) && aligned16(p.dout) && D % 8 == 0;
   p.pair_acc = D % 2 == 0 && (dk & 7u) == 0 && (dv & 7u) == 0;
   const auto s = reinterpret_cast<cudaStream_t>(stream);
+  // Hopper, head_dim 65 .. 128: the wgmma fold (the same bits: a speed choice, never a layout-dependent one).
+#ifndef GS_NO_SM90_GEMM
+  const bool sm90 = D > 64 && path != kGemmPortable && hopper_gemm(device);
+  if (sm90) return attn::launch_dkdv_sm90(p, n_work, fp32_grads, s);
+#endif
+  if (path == kGemmSm90) return static_cast<int>(cudaErrorNotSupported);
   if (D <= 32) return attn::launch_dkdv_dp<32>(p, n_work, fp32_grads, s);
   if (D <= 64) return attn::launch_dkdv_dp<64>(p, n_work, fp32_grads, s);
   return attn::launch_dkdv_dp<128>(p, n_work, fp32_grads, s);

@@ -75,15 +75,16 @@ void bind_attention_rl(py::module_& m) {
   m.def("attn_dkdv", [](uintptr_t k, uintptr_t v, uintptr_t q, uintptr_t dout, uintptr_t lse, uintptr_t delta,
                         uintptr_t dk, uintptr_t dv, uintptr_t work, int64_t n_work, int64_t HQ, int64_t HKV,
                         int64_t D, int64_t T, float qk_scale, float sm_scale, bool load_acc, bool fp32_grads,
-                        int device, uintptr_t stream) {
+                        int device, uintptr_t stream, int path) {
     check_attn_shape(1, HQ, HKV, D, T, "attn_dkdv");
+    require(path >= 0 && path <= 2, "attn_dkdv: path must be 0 (auto), 1 (mma.sync) or 2 (wgmma)");
     require(n_work >= 0 && n_work * HKV <= kMaxGrid, "attn_dkdv: too many programs");
     check(gs::attn_dkdv(k, v, q, dout, lse, delta, dk, dv, work, n_work, HQ, HKV, D, T, qk_scale, sm_scale,
-                        load_acc, fp32_grads, device, stream), "attn_dkdv");
+                        load_acc, fp32_grads, device, stream, path), "attn_dkdv");
   }, py::arg("k"), py::arg("v"), py::arg("q"), py::arg("dout"), py::arg("lse"), py::arg("delta"), py::arg("dk"),
      py::arg("dv"), py::arg("work"), py::arg("n_work"), py::arg("HQ"), py::arg("HKV"), py::arg("D"), py::arg("T"),
      py::arg("qk_scale"), py::arg("sm_scale"), py::arg("load_acc"), py::arg("fp32_grads"), py::arg("device"),
-     py::arg("stream"));
+     py::arg("stream"), py::arg("path") = 0);
   m.def("attn_scatter", [](uintptr_t src_a, uintptr_t dst_a, uintptr_t src_b, uintptr_t dst_b, uintptr_t rows,
                            uintptr_t toks, int64_t n, int64_t row_elems, int device, uintptr_t stream) {
     require(n >= 0 && row_elems >= 0, "attn_scatter: sizes must be non-negative");

@@ -323,6 +323,53 @@ def check_prefill_equals_other_layouts(data, lengths: list[int], decode_tail: in
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("shape", [RELEASE, {"heads": 6, "kv_heads": 2, "head_dim": 96}])
+@pytest.mark.parametrize("fp32_grads", [True, False])
+def test_wgmma_fold_equals_the_mma_sync_fold_bit_for_bit(shape, fp32_grads, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Hopper at head_dim 65 .. 128 the dK / dV fold runs on wgmma (csrc/attention_dkdv_sm90.cu), elsewhere on
+    mma.sync: the two must give the same bits, or the GPU would pick a gradient. Both launched on the stores of
+    one step when its fold is due (partial tiles, GQA, a sample of one token), from zero and from main grads."""
+    ext = runtime.ext()
+    dev = torch.cuda.current_device()
+    if not ext.hopper_gemm(dev):
+        pytest.skip("the wgmma fold needs an sm_90 GPU")
+    sm_scale = 1.0 / shape["head_dim"] ** 0.5
+    seen: dict[tuple[bool, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    real_fold = attn._launch_dkdv
+
+    def both_paths(cache) -> None:
+        work = attn.host.kv_work(cache.lengths, cache.starts, attn._geometry().fold_keys, cache.device)
+        g = torch.Generator(device="cuda")
+        shape_acc = (cache.total, cache.kv_heads, cache.head_dim)
+        for load_acc in (False, True):
+            for path in (1, 2):  # mma.sync, wgmma
+                dk = torch.randn(shape_acc, generator=g.manual_seed(7), device="cuda")
+                dv = torch.randn(shape_acc, generator=g.manual_seed(8), device="cuda")
+                ext.attn_dkdv(runtime.ptr(cache.k), runtime.ptr(cache.v), runtime.ptr(cache.q),
+                              runtime.ptr(cache.do), runtime.ptr(cache.lse), runtime.ptr(cache.delta),
+                              runtime.ptr(dk), runtime.ptr(dv), runtime.ptr(work), work.shape[0], cache.heads,
+                              cache.kv_heads, cache.head_dim, cache.total, sm_scale * attn.LOG2E, sm_scale,
+                              load_acc, fp32_grads, dev, torch.cuda.current_stream().cuda_stream, path)
+                seen[load_acc, path] = (dk, dv)
+        real_fold(cache)
+
+    monkeypatch.setattr(attn.AttentionCache, "_launch_dkdv", staticmethod(both_paths))
+    lengths = [300, 70, 129, 1, 64]
+    _step([[(s, 0, n) for s, n in enumerate(lengths)]], lengths, shape, _qkv(lengths, shape),
+          attn.AttnConfig(fp32_grads=fp32_grads))
+    torch.cuda.synchronize()
+    assert len(seen) == 4
+    for load_acc in (False, True):
+        (dk1, dv1), (dk2, dv2) = seen[load_acc, 1], seen[load_acc, 2]
+        assert torch.isfinite(dk2).all() and torch.isfinite(dv2).all()
+        assert not torch.equal(dk2, torch.randn(dk2.shape, generator=torch.Generator(device="cuda").manual_seed(7),
+                                                device="cuda"))  # the fold wrote
+        assert _same_bits(dk1, dk2), ("dK", load_acc)
+        assert _same_bits(dv1, dv2), ("dV", load_acc)
+
+
+@pytest.mark.gpu
+@gpu
 def test_signed_zero_of_a_masked_key_never_reaches_o() -> None:
     """Row BN + 4 of one sample: block 0 gives acc[:, 0] < 0, key BN scores ~255 (log2) so the rescale underflows
     acc to -0; keys BN..row hold v[:, 0] = -0, keys after it (masked for the row) -1: a masked key adds 0 * -1 = -0

@@ -1,0 +1,223 @@
+// The dK / dV fold on Hopper tensor cores (sm_90a): the mma.sync fold of attention_dkdv.cu with its products
+// issued as warpgroup MMAs, for head_dim 65 .. 128.
+//
+// Why: under Nsight Compute the mma.sync fold is instruction-bound (notes/kernels_cuda.md, tenth session): per
+// 32-query tile each of its four warps issues 192 mma.sync plus the ldmatrix fragment loads of every operand. Here
+// the program's four warps are one warpgroup and a tile takes 24 wgmma instructions (S^T and dP^T: 8 k16 steps of
+// m64n32 each, from shared memory; dV and dK: 2 k16 steps x hi / lo of m64n128, P^T and dS^T from registers, dO and
+// Q read transposed from the same shared tiles), with no fragment loads at all.
+//
+// Why the bits are the mma.sync fold's: the program, its keys, its tiles and its loop order are the same; an
+// accumulator element receives the same k16 steps in the same order (S^T, dP^T: head_dim in 16-steps; dV, dK: per
+// 16 queries hi then lo, queries in position order), from the same FP32 start (zero, or the loaded main grad), and
+// wgmma's FP32 accumulation of a k16 step equals mma.sync's (the dW fold's GPU test showed it for the GEMMs; the
+// attention GPU tests compare this kernel's bits with the mma.sync kernel's). The element work (P^T, dS^T, masks,
+// hi / lo splits) is the shared code of attention_dkdv.cuh on the same accumulator layout. So which of the two
+// kernels runs is a speed choice: a layout never picks the kernel (head_dim and the GPU do).
+//
+// Shared memory: K, V (64 keys) and STAGES stages of Q, dO (32 queries) as 128-byte-swizzled K-major tiles (two
+// 64-column halves of rows of 128 bytes; 16-byte chunk c of row r at chunk c ^ (r % 8)), the layout wgmma reads:
+// as K-major operands for S^T = K Q^T and dP^T = V dO^T, and, the same bytes, as MN-major B operands (dO, Q with
+// k = query) of dV += P^T dO and dK += dS^T Q. Loads are cp.async (rows past the sample's end zero-filled), the
+// pipeline the mma.sync fold's: wait, fence for the async proxy, barrier, issue tile it + STAGES - 1.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "attention_dkdv.cuh"
+#include "cute/arch/mma_sm90_desc.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "cutlass/arch/barrier.h"
+
+namespace gs {
+namespace attn {
+namespace {
+
+namespace gmma = cute::SM90::GMMA;
+
+constexpr int kDP = kMaxHeadDim;        // 128 columns in shared memory (columns past D zero)
+constexpr int kBK = kFoldWarps * 16;    // 64 keys: one warpgroup's m64
+constexpr int kTile = kFoldTile;        // 32 queries: wgmma's n32 of S^T and dP^T
+constexpr int kThreads = kFoldWarps * 32;
+constexpr int kStages = 4;
+constexpr int kNT = kTile / 8, kND = kDP / 8, kKS = kDP / 16;
+constexpr int kKvBytes = kBK * kDP * 2, kQBytes = kTile * kDP * 2;
+constexpr int kSmem = 1024 + 2 * kKvBytes + 2 * kStages * kQBytes + 2 * kStages * kTile * 4;  // + alignment slack
+static_assert(kFoldWarps == 4 && kTile == 32 && kDP == 128, "the wgmma shapes below assume these");
+
+// ROWS rows of kDP columns into a swizzled K-major tile (row r from row_ptr(r), nullptr: a zero row).
+template <int ROWS, class RowPtr>
+__device__ __forceinline__ void load_sw128(unsigned char* s, RowPtr row_ptr, int64_t D, bool vec) {
+  constexpr int kChunks = kDP / 8;
+  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i - (i / kChunks) * kChunks;
+    unsigned char* dst = s + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+    mma::load8(reinterpret_cast<bf16*>(dst), row_ptr(r), c * 8, D, vec);
+  }
+}
+
+// A wgmma shared-memory descriptor of a 128-byte-swizzled operand at `p` (1024-byte-aligned atoms): strides in
+// bytes (LBO: between 64-element MN chunks of an MN-major operand; SBO: between 8-row groups).
+__device__ __forceinline__ uint64_t sw128_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  const uint32_t a = mma::smem_addr(p);
+  return static_cast<uint64_t>((a >> 4) & 0x3FFFu) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+// K-major tile of ROWS rows, the descriptor of k16 step kk: 32 bytes a step inside a 64-column half.
+template <int ROWS>
+__device__ __forceinline__ uint64_t kmajor(const unsigned char* tile, int kk) {
+  return sw128_desc(tile + (kk >> 2) * (ROWS * 128) + (kk & 3) * 32, 16, 1024);
+}
+// The same tile read MN-major (k = row): k16 step c starts 16 rows in; the two column halves are ROWS * 128 apart.
+template <int ROWS>
+__device__ __forceinline__ uint64_t mnmajor(const unsigned char* tile, int c) {
+  return sw128_desc(tile + c * 16 * 128, ROWS * 128, 1024);
+}
+
+template <size_t... I>
+__device__ __forceinline__ void wgmma_s(uint64_t a, uint64_t b, float (&d)[kNT][4], std::index_sequence<I...>) {
+  gmma::MMA_64x32x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>::fma(a, b, d[I / 4][I % 4]...,
+                                                                       gmma::ScaleOut::One);
+}
+template <size_t... I>
+__device__ __forceinline__ void wgmma_acc(const uint32_t (&a)[4], uint64_t b, float (&d)[kND][4],
+                                          std::index_sequence<I...>) {
+  gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>::fma(a[0], a[1], a[2], a[3], b,
+                                                                         d[I / 4][I % 4]..., gmma::ScaleOut::One);
+}
+template <int N, int M>
+__device__ __forceinline__ void fence_regs(float (&d)[N][M]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < M; ++e) cute::warpgroup_fence_operand(d[j][e]);
+}
+
+template <bool FP32_GRADS>
+__global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* sK = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* sV = sK + kKvBytes;
+  unsigned char* sQ = sV + kKvBytes;            // [kStages] tiles
+  unsigned char* sO = sQ + kStages * kQBytes;   // dO, [kStages] tiles
+  float* sLse = reinterpret_cast<float*>(sO + kStages * kQBytes);
+  float* sDel = sLse + kStages * kTile;
+
+  const FoldProgram f(p, kTile);
+  load_sw128<kBK>(sK, [&](int r) { return f.key_row(p, p.k, r); }, p.D, p.vec_kv);
+  load_sw128<kBK>(sV, [&](int r) { return f.key_row(p, p.v, r); }, p.D, p.vec_kv);
+
+  const int n_tiles = f.n_tiles;
+  const int n_it = p.G * n_tiles;  // (head of the group, tile), heads outer
+  auto load_tile_q = [&](int it, int stage) {
+    const int g = it / n_tiles;
+    const int t0 = f.t_first + (it - g * n_tiles) * kTile;
+    const int64_t hq = f.hk * p.G + g;
+    load_sw128<kTile>(sQ + stage * kQBytes, [&](int r) { return f.query_row(p, p.q, hq, t0 + r); }, p.D, p.vec_q);
+    load_sw128<kTile>(sO + stage * kQBytes, [&](int r) { return f.query_row(p, p.dout, hq, t0 + r); }, p.D,
+                      p.vec_q);
+    load_lse_delta<kTile, kThreads>(sLse + stage * kTile, sDel + stage * kTile, p, f, hq, t0);
+  };
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < n_it) load_tile_q(st, st);
+    mma::cp_async_commit();
+  }
+
+  const int wrow = static_cast<int>(threadIdx.x >> 5) * 16;
+  float dk[kND][4], dv[kND][4];
+  load_fold_acc<kND>(dk, dv, p, f, wrow);  // the main grad, loaded before the fold
+
+  for (int it = 0; it < n_it; ++it) {
+    mma::cp_async_wait<kStages - 2>();
+    cutlass::arch::fence_view_async_shared();  // this thread's cp.async writes, visible to wgmma's async proxy
+    __syncthreads();  // tile it is in shared memory; every warp is done with tile it - 1 (its stage is free)
+    if (it + kStages - 1 < n_it) load_tile_q(it + kStages - 1, (it + kStages - 1) % kStages);
+    mma::cp_async_commit();
+    const int st = it % kStages;
+    const unsigned char* q_s = sQ + st * kQBytes;
+    const unsigned char* o_s = sO + st * kQBytes;
+    const int t0 = f.t_first + (it % n_tiles) * kTile;
+
+    float s[kNT][4], dp[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = 0.0f;
+        dp[j][e] = 0.0f;
+      }
+    fence_regs(s);
+    fence_regs(dp);
+    // Four batches, each element step overlapping the tensor cores' next batch: S^T and dP^T issued; P^T once S^T
+    // has landed (dP^T still running); dV issued; dS^T once dP^T has landed (dV running); dK issued.
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk)
+      wgmma_s(kmajor<kBK>(sK, kk), kmajor<kTile>(q_s, kk), s, std::make_index_sequence<kNT * 4>{});
+    cute::warpgroup_commit_batch();
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk)
+      wgmma_s(kmajor<kBK>(sV, kk), kmajor<kTile>(o_s, kk), dp, std::make_index_sequence<kNT * 4>{});
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<1>();  // S^T
+    fence_regs(s);
+
+    fold_p<kNT, kTile, kBK>(s, sLse + st * kTile, p, f, t0, wrow);
+    uint32_t ph[kNT / 2][4], pl[kNT / 2][4], dh[kNT / 2][4], dl[kNT / 2][4];
+    if (FP32_GRADS) {
+      c_to_a_split<kNT>(ph, pl, s);
+    } else {
+      c_to_a<kNT>(ph, s);
+    }
+    fence_regs(dv);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int c = 0; c < kNT / 2; ++c) {
+      wgmma_acc(ph[c], mnmajor<kTile>(o_s, c), dv, std::make_index_sequence<kND * 4>{});
+      if (FP32_GRADS) wgmma_acc(pl[c], mnmajor<kTile>(o_s, c), dv, std::make_index_sequence<kND * 4>{});
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<1>();  // dP^T (dV may still run)
+    fence_regs(dp);
+
+    fold_ds<kNT, kTile, kBK>(s, dp, sDel + st * kTile, p, f, t0, wrow);
+    if (FP32_GRADS) {
+      c_to_a_split<kNT>(dh, dl, dp);
+    } else {
+      c_to_a<kNT>(dh, dp);
+    }
+    fence_regs(dk);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int c = 0; c < kNT / 2; ++c) {
+      wgmma_acc(dh[c], mnmajor<kTile>(q_s, c), dk, std::make_index_sequence<kND * 4>{});
+      if (FP32_GRADS) wgmma_acc(dl[c], mnmajor<kTile>(q_s, c), dk, std::make_index_sequence<kND * 4>{});
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();  // the stage is read by the time the next iteration's barrier frees it
+    fence_regs(dv);
+    fence_regs(dk);
+  }
+  store_fold_acc<kND>(dk, dv, p, f, wrow);
+}
+
+template <bool FP32_GRADS>
+int launch(const KvParams& p, int64_t n_work, cudaStream_t stream) {
+  const int64_t grid = n_work * p.HKV;
+  if (grid > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
+  constexpr auto kernel = dkdv_sm90_kernel<FP32_GRADS>;
+  GS_TRY(dynamic_smem_once<kernel>(kSmem));
+  kernel<<<static_cast<unsigned>(grid), kThreads, kSmem, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int launch_dkdv_sm90(const KvParams& p, int64_t n_work, bool fp32_grads, cudaStream_t stream) {
+  return fp32_grads ? launch<true>(p, n_work, stream) : launch<false>(p, n_work, stream);
+}
+
+}  // namespace attn
+}  // namespace gs
