@@ -10,20 +10,22 @@ with pads and a permuted run order, rows given as explicit per-row sample / posi
 tiles 16 and 64, lengths of 1, of multiples of the tile and of 0. Each layout is planned cold (caches cleared)
 and then again by a second fold of the same step (the replayed plan). Recorded per call: the descriptors (host
 and device), first tile, tile, staging rows, rows read in place, whether the staging tensors are the call's own,
-the rows every tile reads (from the call's tensors or the staging tensors), the cursor; for ``take``: the row
-table and the rows it reads.
+the rows every tile reads (from the call's tensors or the staging tensors), the cursor, every array uploaded
+(the staging copies' row indices included); for ``take``: the row table and the rows it reads.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from gradsweep import canonical
 from gradsweep.canonical import CanonicalFold, RowIdentity, clear_plan_caches
 
 GOLDEN = Path(__file__).parent / "data" / "fold_plan_golden.npz"
@@ -102,6 +104,22 @@ def _tensors(rows: RowIdentity, call: int) -> tuple[torch.Tensor, ...]:
     return torch.stack([value, -value], 1), (value * 2).to(torch.int64)
 
 
+@contextmanager
+def _uploads(into: list[np.ndarray]) -> Iterator[None]:
+    """Every host array the fold uploads (staging copy indices, descriptors, row tables), in upload order."""
+    real = canonical.upload
+
+    def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
+        into.append(np.array(a))
+        return real(a, device)
+
+    canonical.upload = upload
+    try:
+        yield
+    finally:
+        canonical.upload = real
+
+
 def _record_tiles(rec: dict[str, np.ndarray], prefix: str, fold: CanonicalFold, rows: RowIdentity,
                   tensors: tuple[torch.Tensor, ...]) -> None:
     step = fold.take_tiles(rows, tensors)
@@ -141,7 +159,12 @@ def records() -> dict[str, np.ndarray]:
                 fold = CanonicalFold(torch.zeros(2), lengths, tile)
                 for k, call in enumerate(calls):
                     rows = _rows(call, how, rng)
-                    record(rec, f"{name}/{kind}/{attempt}/{k}/", fold, rows, _tensors(rows, k))
+                    prefix = f"{name}/{kind}/{attempt}/{k}/"
+                    sent: list[np.ndarray] = []
+                    with _uploads(sent):
+                        record(rec, prefix, fold, rows, _tensors(rows, k))
+                    for i, a in enumerate(sent):  # (a replayed call uploads nothing)
+                        rec[f"{prefix}upload{i}"] = a
                 assert fold.done
     return rec
 
