@@ -18,17 +18,25 @@
 // Shared memory: K, V (64 keys) and STAGES stages of Q, dO (32 queries) as 128-byte-swizzled K-major tiles (two
 // 64-column halves of rows of 128 bytes; 16-byte chunk c of row r at chunk c ^ (r % 8)), the layout wgmma reads:
 // as K-major operands for S^T = K Q^T and dP^T = V dO^T, and, the same bytes, as MN-major B operands (dO, Q with
-// k = query) of dV += P^T dO and dK += dS^T Q. Loads are cp.async (rows past the sample's end zero-filled), the
-// pipeline the mma.sync fold's: wait, fence for the async proxy, barrier, issue tile it + STAGES - 1.
+// k = query) of dV += P^T dO and dK += dS^T Q. The pipeline is the mma.sync fold's (wait, fence for the async proxy,
+// barrier, issue tile it + STAGES - 1), its Q / dO tiles loaded by TMA where a tile is whole (one thread issues
+// four boxes that complete on the stage's barrier; measured: the cp.async issue of 16 KB a tile by every thread
+// held the fold back, notes/kernels_cuda.md), by cp.async with zero rows for a sample's last, short tile (TMA
+// would read the next sample's rows there): the same bytes at the same addresses either way. K, V, lse and delta
+// stay on cp.async (once a program, and 256 bytes a tile).
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <utility>
 
 #include "attention_dkdv.cuh"
+#include "cute/arch/copy_sm90_desc.hpp"
+#include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cutlass/arch/barrier.h"
+#include "tensor_map.cuh"
 
 namespace gs {
 namespace attn {
@@ -43,7 +51,10 @@ constexpr int kThreads = kFoldWarps * 32;
 constexpr int kStages = 4;
 constexpr int kNT = kTile / 8, kND = kDP / 8, kKS = kDP / 16;
 constexpr int kKvBytes = kBK * kDP * 2, kQBytes = kTile * kDP * 2;
-constexpr int kSmem = 1024 + 2 * kKvBytes + 2 * kStages * kQBytes + 2 * kStages * kTile * 4;  // + alignment slack
+constexpr int kBox = 64;  // columns per TMA box: one 128-byte swizzled row of bf16, a tile's half
+// + alignment slack; then K, V, the Q / dO stages, lse / delta, one "full" barrier a stage
+constexpr int kSmem = 1024 + 2 * kKvBytes + 2 * kStages * kQBytes + 2 * kStages * kTile * 4 + kStages * 8;
+using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
 static_assert(kFoldWarps == 4 && kTile == 32 && kDP == 128, "the wgmma shapes below assume these");
 
 // ROWS rows of kDP columns into a swizzled K-major tile (row r from row_ptr(r), nullptr: a zero row).
@@ -94,8 +105,22 @@ __device__ __forceinline__ void fence_regs(float (&d)[N][M]) {
     for (int e = 0; e < M; ++e) cute::warpgroup_fence_operand(d[j][e]);
 }
 
+// The Q / dO tile of head hq from token tok by TMA (whole tiles only: a sample's last, short tile would read the
+// next sample's rows; it goes through cp.async with zero rows). Two 64-column boxes per tensor, swizzled on landing
+// exactly as load_sw128 places the bytes. Called by one thread, after it announced the bytes on the barrier.
+__device__ __forceinline__ void tma_tile(const CUtensorMap* map, uint64_t* full, unsigned char* tile, int64_t hq,
+                                         int64_t tok) {
+#pragma unroll
+  for (int h = 0; h < kDP / kBox; ++h)
+    cute::SM90_TMA_LOAD_3D::copy(map, full, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                                 tile + h * kTile * 128, h * kBox, static_cast<int32_t>(hq),
+                                 static_cast<int32_t>(tok));
+}
+
 template <bool FP32_GRADS>
-__global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p) {
+__global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p, bool tma,
+                                                                 const __grid_constant__ CUtensorMap tma_q,
+                                                                 const __grid_constant__ CUtensorMap tma_do) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* sK = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   unsigned char* sV = sK + kKvBytes;
@@ -103,6 +128,16 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p) {
   unsigned char* sO = sQ + kStages * kQBytes;   // dO, [kStages] tiles
   float* sLse = reinterpret_cast<float*>(sO + kStages * kQBytes);
   float* sDel = sLse + kStages * kTile;
+  uint64_t* full = reinterpret_cast<uint64_t*>(sDel + kStages * kTile);
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kStages; ++st) FullBarrier::init(full + st, 1);
+    cutlass::arch::fence_barrier_init();
+    if (tma) {
+      cute::prefetch_tma_descriptor(&tma_q);
+      cute::prefetch_tma_descriptor(&tma_do);
+    }
+  }
+  __syncthreads();
 
   const FoldProgram f(p, kTile);
   load_sw128<kBK>(sK, [&](int r) { return f.key_row(p, p.k, r); }, p.D, p.vec_kv);
@@ -114,9 +149,19 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p) {
     const int g = it / n_tiles;
     const int t0 = f.t_first + (it - g * n_tiles) * kTile;
     const int64_t hq = f.hk * p.G + g;
-    load_sw128<kTile>(sQ + stage * kQBytes, [&](int r) { return f.query_row(p, p.q, hq, t0 + r); }, p.D, p.vec_q);
-    load_sw128<kTile>(sO + stage * kQBytes, [&](int r) { return f.query_row(p, p.dout, hq, t0 + r); }, p.D,
-                      p.vec_q);
+    if (tma && t0 + kTile <= f.L) {
+      if (threadIdx.x == 0) {
+        FullBarrier::arrive_and_expect_tx(full + stage, 2 * kQBytes);
+        tma_tile(&tma_q, full + stage, sQ + stage * kQBytes, hq, f.tok_base + t0);
+        tma_tile(&tma_do, full + stage, sO + stage * kQBytes, hq, f.tok_base + t0);
+      }
+    } else {
+      load_sw128<kTile>(sQ + stage * kQBytes, [&](int r) { return f.query_row(p, p.q, hq, t0 + r); }, p.D,
+                        p.vec_q);
+      load_sw128<kTile>(sO + stage * kQBytes, [&](int r) { return f.query_row(p, p.dout, hq, t0 + r); }, p.D,
+                        p.vec_q);
+      if (threadIdx.x == 0) FullBarrier::arrive(full + stage);  // the phase completes; cp.async is waited below
+    }
     load_lse_delta<kTile, kThreads>(sLse + stage * kTile, sDel + stage * kTile, p, f, hq, t0);
   };
 #pragma unroll
@@ -132,10 +177,11 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p) {
   for (int it = 0; it < n_it; ++it) {
     mma::cp_async_wait<kStages - 2>();
     cutlass::arch::fence_view_async_shared();  // this thread's cp.async writes, visible to wgmma's async proxy
+    const int st = it % kStages;
+    FullBarrier::wait(full + st, static_cast<uint32_t>((it / kStages) & 1));  // its TMA bytes, where it had any
     __syncthreads();  // tile it is in shared memory; every warp is done with tile it - 1 (its stage is free)
     if (it + kStages - 1 < n_it) load_tile_q(it + kStages - 1, (it + kStages - 1) % kStages);
     mma::cp_async_commit();
-    const int st = it % kStages;
     const unsigned char* q_s = sQ + st * kQBytes;
     const unsigned char* o_s = sO + st * kQBytes;
     const int t0 = f.t_first + (it % n_tiles) * kTile;
@@ -203,13 +249,29 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p) {
   store_fold_acc<kND>(dk, dv, p, f, wrow);
 }
 
+// A [T, H, D] bf16 store as a TMA map of [kTile tokens, 1 head, kBox columns] boxes, 128-byte swizzle; columns past
+// D read as zero. False where TMA cannot take it (16-byte rows and base needed): cp.async loads every tile then.
+bool encode_store(CUtensorMap* map, const bf16* base, int64_t T, int64_t H, int64_t D) {
+  if (D % 8 != 0 || (reinterpret_cast<uintptr_t>(base) & 15u) != 0 || T > 2147483647LL || H > 2147483647LL)
+    return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(T)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * 2, static_cast<cuuint64_t>(H * D) * 2};
+  const cuuint32_t box[3] = {kBox, 1, kTile};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  return encode_tensor_map_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(base), dims, strides,
+                                 box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <bool FP32_GRADS>
 int launch(const KvParams& p, int64_t n_work, cudaStream_t stream) {
   const int64_t grid = n_work * p.HKV;
   if (grid > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
   constexpr auto kernel = dkdv_sm90_kernel<FP32_GRADS>;
   GS_TRY(dynamic_smem_once<kernel>(kSmem));
-  kernel<<<static_cast<unsigned>(grid), kThreads, kSmem, stream>>>(p);
+  CUtensorMap tma_q{}, tma_do{};
+  const bool tma = encode_store(&tma_q, p.q, p.T, p.HQ, p.D) && encode_store(&tma_do, p.dout, p.T, p.HQ, p.D);
+  kernel<<<static_cast<unsigned>(grid), kThreads, kSmem, stream>>>(p, tma, tma_q, tma_do);
   return static_cast<int>(cudaGetLastError());
 }
 
