@@ -57,7 +57,7 @@ LOG2E = host.LOG2E
 class AttnConfig:
     """Pinned launch configuration. Bits depend on bn, bm and fwd_warps (forward row sums), dq_bn, dq_bm and
     dq_warps (delta), tile and fp32_grads (the fold); speed on the rest. ``split`` and ``rowsum_dot`` choose code
-    shapes that give each row the same arithmetic either way (switchable for the GPU check, bench_attention.py).
+    shapes that give each row the same arithmetic either way (switchable: the GPU tests compare both).
 
     ``fp32_grads`` (default): dK / dV are FP32-class (~2e-6, the contract's class for them, as for every main-grad
     style accumulator): P and dS enter their products as hi + lo bf16 pairs and the fold's delta is FP32, for two
