@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 import yaml
 
+from gradsweep import canonical
 from gradsweep.canonical import RowIdentity
 from gradsweep.manifest import MANIFEST_DIR, load_manifest
 
@@ -57,3 +62,20 @@ def check_attention_cache_refusals(attn, q, k, v) -> None:
         cache.finish()
     with pytest.raises(ValueError, match="multiple of kv_heads"):
         attn.AttentionCache([4], 3, 32, "cpu", kv_heads=2)
+
+
+@contextmanager
+def seeing_fold_uploads(see: Callable[[np.ndarray], None]) -> Iterator[None]:
+    """Every host array the canonical fold uploads (staging copy indices, descriptors, row tables), shown to
+    ``see`` in upload order while the block runs (the fold's plan tests pin or hash them)."""
+    real = canonical.upload
+
+    def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
+        see(np.array(a))
+        return real(a, device)
+
+    canonical.upload = upload
+    try:
+        yield
+    finally:
+        canonical.upload = real

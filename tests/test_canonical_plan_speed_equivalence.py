@@ -12,8 +12,6 @@ before the speed-up (``gradsweep/canonical.py`` at commit 9232b5a, run as
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -22,6 +20,7 @@ import torch
 from gradsweep import canonical
 from gradsweep.bench.catalog.fold_plan import _thirds, cases
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from tests.helpers import seeing_fold_uploads
 
 TILES = (1, 2, 3, 8, 16, 64, 128)
 TRIALS = 60
@@ -47,20 +46,9 @@ class _Digest:
         return self.h.hexdigest()
 
 
-@contextmanager
-def _uploads_to(d: _Digest) -> Iterator[None]:
+def _uploads_to(d: _Digest):
     """Hash every host array the fold uploads (descriptors, index tables, staging copy indices) too."""
-    real = canonical.upload
-
-    def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
-        d.add("upload", np.asarray(a))
-        return real(a, device)
-
-    canonical.upload = upload
-    try:
-        yield
-    finally:
-        canonical.upload = real
+    return seeing_fold_uploads(lambda a: d.add("upload", a))
 
 
 def _lengths(rng: np.random.Generator) -> list[int]:

@@ -17,16 +17,15 @@ the rows every tile reads (from the call's tensors or the staging tensors), the 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from gradsweep import canonical
 from gradsweep.canonical import CanonicalFold, RowIdentity, clear_plan_caches
+from tests.helpers import seeing_fold_uploads
 
 GOLDEN = Path(__file__).parent / "data" / "fold_plan_golden.npz"
 
@@ -104,20 +103,9 @@ def _tensors(rows: RowIdentity, call: int) -> tuple[torch.Tensor, ...]:
     return torch.stack([value, -value], 1), (value * 2).to(torch.int64)
 
 
-@contextmanager
-def _uploads(into: list[np.ndarray]) -> Iterator[None]:
+def _uploads(into: list[np.ndarray]):
     """Every host array the fold uploads (staging copy indices, descriptors, row tables), in upload order."""
-    real = canonical.upload
-
-    def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
-        into.append(np.array(a))
-        return real(a, device)
-
-    canonical.upload = upload
-    try:
-        yield
-    finally:
-        canonical.upload = real
+    return seeing_fold_uploads(into.append)
 
 
 def _record_tiles(rec: dict[str, np.ndarray], prefix: str, fold: CanonicalFold, rows: RowIdentity,
