@@ -105,6 +105,22 @@ __device__ __forceinline__ void fence_regs(float (&d)[N][M]) {
     for (int e = 0; e < M; ++e) cute::warpgroup_fence_operand(d[j][e]);
 }
 
+// acc += A B over one tile's kTile queries (dV += P^T dO, dK += dS^T Q): per 16 queries one wgmma of the hi operand
+// and, with fp32 grads, one of the lo operand (c_to_a_split), B the store tile read MN-major. One batch, committed
+// and not waited (the caller overlaps it with the next element step).
+template <bool FP32_GRADS>
+__device__ __forceinline__ void fold_product(const uint32_t (&hi)[kNT / 2][4], const uint32_t (&lo)[kNT / 2][4],
+                                             const unsigned char* tile, float (&acc)[kND][4]) {
+  fence_regs(acc);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int c = 0; c < kNT / 2; ++c) {
+    wgmma_acc(hi[c], mnmajor<kTile>(tile, c), acc, std::make_index_sequence<kND * 4>{});
+    if (FP32_GRADS) wgmma_acc(lo[c], mnmajor<kTile>(tile, c), acc, std::make_index_sequence<kND * 4>{});
+  }
+  cute::warpgroup_commit_batch();
+}
+
 // The Q / dO tile of head hq from token tok by TMA (whole tiles only: a sample's last, short tile would read the
 // next sample's rows; it goes through cp.async with zero rows). Two 64-column boxes per tensor, swizzled on landing
 // exactly as load_sw128 places the bytes. Called by one thread, after it announced the bytes on the barrier.
@@ -217,14 +233,7 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p, bool
     } else {
       c_to_a<kNT>(ph, s);
     }
-    fence_regs(dv);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int c = 0; c < kNT / 2; ++c) {
-      wgmma_acc(ph[c], mnmajor<kTile>(o_s, c), dv, std::make_index_sequence<kND * 4>{});
-      if (FP32_GRADS) wgmma_acc(pl[c], mnmajor<kTile>(o_s, c), dv, std::make_index_sequence<kND * 4>{});
-    }
-    cute::warpgroup_commit_batch();
+    fold_product<FP32_GRADS>(ph, pl, o_s, dv);  // dV += P^T dO
     cute::warpgroup_wait<1>();  // dP^T (dV may still run)
     fence_regs(dp);
 
@@ -234,14 +243,7 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p, bool
     } else {
       c_to_a<kNT>(dh, dp);
     }
-    fence_regs(dk);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int c = 0; c < kNT / 2; ++c) {
-      wgmma_acc(dh[c], mnmajor<kTile>(q_s, c), dk, std::make_index_sequence<kND * 4>{});
-      if (FP32_GRADS) wgmma_acc(dl[c], mnmajor<kTile>(q_s, c), dk, std::make_index_sequence<kND * 4>{});
-    }
-    cute::warpgroup_commit_batch();
+    fold_product<FP32_GRADS>(dh, dl, q_s, dk);  // dK += dS^T Q
     cute::warpgroup_wait<0>();  // the stage is read by the time the next iteration's barrier frees it
     fence_regs(dv);
     fence_regs(dk);

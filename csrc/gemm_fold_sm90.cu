@@ -1,6 +1,7 @@
 // Canonical dW fold on Hopper (sm_90a): G[N, K] (fp32, LOADED first) += sum over the plan's token slots t,
 // in ascending t, of dY[p(t), n] X[p(t), k]; wgmma from shared memory, operands loaded by TMA where a stage's
-// 64 slots are 64 consecutive token rows, else gathered by cp.async.
+// 64 slots are consecutive token rows followed by zero rows (a canonical tile read in place), else gathered by
+// cp.async.
 //
 // Why not a CUTLASS collective: the fold needs two things CUTLASS's sm90 mainloops do not do. (1) The
 // accumulator starts as the main grad (DESIGN.md: the kernel loads it before its reduction loop, so a fold
@@ -18,10 +19,11 @@
 // choice per stage is a speed choice only (the GPU test folds one plan both ways and compares bits).
 //
 // Pipeline (one CTA per 128 x 256 output tile, warp-specialised): a producer warpgroup fills kStages
-// shared-memory stages of 64 token slots. A stage whose 64 plan entries are 64 consecutive rows (a
-// canonical tile read in place: what packed, chunked and per-sample calls mostly give) is loaded by six TMA
-// boxes that complete on the stage's "full" barrier (one thread arrives with the byte count, the others
-// plainly). Any other stage (a sample's last, short tile; permuted rows) is gathered chunk by chunk with
+// shared-memory stages of 64 token slots. A stage whose plan entries are `count` consecutive rows and then
+// -1 (a canonical tile read in place, a sample's short last tile included: what packed, chunked and
+// per-sample calls give) is loaded by six TMA boxes of a row-window map whose out-of-bounds rows are the
+// tile's zero rows; they complete on the stage's "full" barrier (one thread arrives with the byte count, the
+// others plainly). Any other stage (permuted rows; -1 slots inside a tile) is gathered chunk by chunk with
 // cp.async, each producer thread's copies arriving on the barrier when they land
 // (cp.async.mbarrier.arrive: the producer never waits for its own copies). Why both: measured on the H200
 // (notes/kernels_cuda.md), 128 threads issuing 16-byte cp.async bound the kernel near 210-230 TFLOP/s while
@@ -146,23 +148,37 @@ __device__ __forceinline__ void load_stage(uint32_t smem, int stage, const Elem*
   }
 }
 
-// Whether stage `rows` is 64 consecutive token rows first .. first + 63 (then six TMA boxes load it).
-__device__ __forceinline__ bool stage_is_run(StagePlan rows, int lane, int32_t& first) {
+// Whether stage `rows` reads token rows first .. first + count - 1 in its first `count` slots (count >= 1) and
+// zero rows in the others: a canonical tile read in place, a sample's short last tile included. Such a stage
+// is loaded by TMA through the row-window map (see encode_window) when its window start first - (kBK - count)
+// is a row; any other stage (permuted rows, a -1 slot inside, a short tile at the tensor's first rows) by
+// cp.async. Every producer warp reaches the same answer (same plan entries).
+__device__ __forceinline__ bool stage_is_window(StagePlan rows, int lane, int32_t& first, int& count) {
   first = __shfl_sync(0xffffffffu, rows.lo, 0);
   const int64_t f = first;
-  return __all_sync(0xffffffffu, f >= 0 && rows.lo == f + lane && rows.hi == f + 32 + lane) != 0;
+  const uint64_t in_run = static_cast<uint64_t>(__ballot_sync(0xffffffffu, rows.lo == f + lane)) |
+                          static_cast<uint64_t>(__ballot_sync(0xffffffffu, rows.hi == f + 32 + lane)) << 32;
+  const uint64_t zero = static_cast<uint64_t>(__ballot_sync(0xffffffffu, rows.lo < 0)) |
+                        static_cast<uint64_t>(__ballot_sync(0xffffffffu, rows.hi < 0)) << 32;
+  count = __popcll(in_run);
+  // in_run a prefix of the slots (bits 0 .. count - 1), every other slot a zero row, the window inside the rows
+  return f >= 0 && (in_run & (in_run + 1)) == 0 && zero == ~in_run && f >= kBK - count;
 }
 
-// Stage `stage` <- token rows first .. first + kBK - 1 by TMA: ROWS / kBox boxes per operand, columns past N /
-// K zero-filled. Called by one thread, after it announced kStageBytes on the stage's full barrier.
+// Stage `stage` <- token rows first .. first + count - 1, then kBK - count zero rows, by TMA: ROWS / kBox boxes
+// per operand of the row-window map at window row kBK - count of the window starting at row first - (kBK -
+// count); the window's rows past its kBK and the columns past N / K are out of bounds, so TMA writes zeros
+// there and reads nothing. Called by one thread, after it announced kStageBytes (whole boxes, out-of-bounds
+// elements included) on the stage's full barrier.
 template <int ROWS>
 __device__ __forceinline__ void tma_stage(const CUtensorMap* map, uint64_t* full, Elem* tile, int stage,
-                                          int64_t r0, int32_t first) {
+                                          int64_t r0, int32_t first, int count) {
+  const int32_t skip = kBK - count;
   CUTE_UNROLL
   for (int a = 0; a < ROWS / kBox; ++a) {
-    SM90_TMA_LOAD_2D::copy(map, full, static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL),
+    SM90_TMA_LOAD_3D::copy(map, full, static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL),
                            reinterpret_cast<uint8_t*>(tile) + box_offset<ROWS, kBK>(stage, a),
-                           static_cast<int32_t>(r0 + a * kBox), first);
+                           static_cast<int32_t>(r0 + a * kBox), skip, first - skip);
   }
 }
 
@@ -214,11 +230,12 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p, const __gri
       const int stage = static_cast<int>(kt % kStages);
       if (kt >= kStages) EmptyBarrier::wait(empty + stage, static_cast<uint32_t>((kt / kStages + 1) & 1));
       int32_t first;
-      if (stage_is_run(rows, lane, first)) {  // the same answer in every producer warp (same plan entries)
+      int count;
+      if (stage_is_window(rows, lane, first, count)) {
         if (leader) {
           FullBarrier::arrive_and_expect_tx(full + stage, kStageBytes);
-          tma_stage<kBM>(&tma_dy, full + stage, base, stage, m0, first);
-          tma_stage<kBN>(&tma_x, full + stage, base + kSmemA, stage, n0, first);
+          tma_stage<kBM>(&tma_dy, full + stage, base, stage, m0, first, count);
+          tma_stage<kBN>(&tma_x, full + stage, base + kSmemA, stage, n0, first, count);
         } else {
           FullBarrier::arrive(full + stage);
         }
@@ -300,16 +317,20 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p, const __gri
 
 namespace {
 
-// A bf16 operand [rows, cols] (leading dimension ld, 16-byte aligned) as a TMA map of kBK-row x kBox-column
-// boxes with the 128-byte swizzle; out-of-bounds elements read as zero.
-cudaError_t encode_rows(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t ld) {
+// A bf16 operand [rows, cols] (leading dimension ld, 16-byte aligned) as a TMA map of row windows: element
+// (c, j, w) is column c of row w + j, for j < kBK (both row dimensions step by ld). A box of kBox columns x kBK
+// window rows x 1 window at (c0, j0, w) reads rows w + j0 .. w + kBK - 1 and zero-fills its last j0 rows: a
+// short canonical tile by TMA without touching the rows after it (the next sample's, or past the tensor). The
+// 128-byte swizzle; out-of-bounds elements read as zero.
+cudaError_t encode_window(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t ld) {
   // Plan entries are int32: rows past 2^31 are never addressed.
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols),
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(kBK),
                               static_cast<cuuint64_t>(std::min<int64_t>(rows, 1LL << 31))};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(Elem)};
-  const cuuint32_t box[2] = {kBox, kBK};
-  const cuuint32_t unit[2] = {1, 1};
-  const CUresult r = encode_tensor_map_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(ld) * sizeof(Elem);
+  const cuuint64_t strides[2] = {row_bytes, row_bytes};
+  const cuuint32_t box[3] = {kBox, kBK, 1};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUresult r = encode_tensor_map_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
                                              strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -340,10 +361,10 @@ int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uint
   p.K = K;
   p.tiles_m = static_cast<int>(tiles_m);
   p.tiles_n = static_cast<int>(tiles_n);
-  CUtensorMap tma_dy{}, tma_x{};  // dY as [rows, N], X as [rows, K]
+  CUtensorMap tma_dy{}, tma_x{};  // row windows of dY [rows, N] and X [rows, K]
   if (rows > 0) {  // with no rows every plan entry is -1: no stage is a run, the maps are never read
-    GS_TRY(encode_rows(&tma_dy, p.dy, rows, N, ldy));
-    GS_TRY(encode_rows(&tma_x, p.x, rows, K, ldx));
+    GS_TRY(encode_window(&tma_dy, p.dy, rows, N, ldy));
+    GS_TRY(encode_window(&tma_x, p.x, rows, K, ldx));
   }
   GS_TRY(dynamic_smem_once<fold_kernel>(kSmemBytes));
   fold_kernel<<<static_cast<unsigned>(tiles_m * tiles_n), kThreads, kSmemBytes,

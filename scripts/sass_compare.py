@@ -8,7 +8,7 @@ Each kernel is compared after register names (R, UR, P, UP) and immediates are n
 schedule or register allocation alone is not a change of arithmetic): ``identical`` then means the same
 instruction sequence; otherwise the opcodes added and removed are listed, so a reader sees whether any
 floating-point or tensor-core instruction moved (those carry the bits) or only integer / address set-up did.
-Compiled for sm_90a with the extension's own nvcc flags (setup.py).
+Compiled for sm_90a with the extension's own nvcc flags and CUTLASS include (setup.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def build_setup() -> tuple[str, list[str]]:
     nvcc = ns["find_nvcc"]()
     if nvcc is None:
         raise SystemExit("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
-    return nvcc, list(ns["NVCC_SM90A_FLAGS"])
+    cutlass = ns["cutlass_include"]()  # the Hopper GEMM units (*_sm90.cu) include CUTLASS / CuTe
+    return nvcc, list(ns["NVCC_SM90A_FLAGS"]) + ([f"-I{cutlass}"] if cutlass is not None else [])
 
 
 def cuobjdump() -> str:
@@ -74,7 +75,8 @@ def kernels(tree: Path, tu: str, work: Path, tools: tuple[str, list[str], str]) 
     for line in sass.splitlines():
         m = _FUNCTION.match(line)
         if m:
-            current = out.setdefault(m.group(1), [])
+            # the anonymous namespace's hash follows the file's path and contents: one kernel, one name in both trees
+            current = out.setdefault(re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", m.group(1)), [])
             continue
         m = _INSTRUCTION.match(line)
         if m and current is not None:

@@ -136,8 +136,9 @@ def test_stand_in_goes_red_on_planted_faults(stand_in, monkeypatch: pytest.Monke
 
     real_fold = cuda_attention_ext.attn_dkdv
 
-    def no_load(k, v, q, dout, lse, delta, dk, dv, work, n_work, HQ, HKV, D, T, qk, sm, load_acc, fp32, dev, st):
-        real_fold(k, v, q, dout, lse, delta, dk, dv, work, n_work, HQ, HKV, D, T, qk, sm, False, fp32, dev, st)
+    def no_load(k, v, q, dout, lse, delta, dk, dv, work, n_work, HQ, HKV, D, T, qk, sm, load_acc, fp32, dev, st,
+                path=0):
+        real_fold(k, v, q, dout, lse, delta, dk, dv, work, n_work, HQ, HKV, D, T, qk, sm, False, fp32, dev, st, path)
 
     monkeypatch.setattr(stand_in, "attn_dkdv", no_load)
     cand = _candidate("cuda.attention.acc", attn.DEFAULT_CONFIG)
@@ -329,27 +330,19 @@ def test_wgmma_fold_equals_the_mma_sync_fold_bit_for_bit(shape, fp32_grads, monk
     """On Hopper at head_dim 65 .. 128 the dK / dV fold runs on wgmma (csrc/attention_dkdv_sm90.cu), elsewhere on
     mma.sync: the two must give the same bits, or the GPU would pick a gradient. Both launched on the stores of
     one step when its fold is due (partial tiles, GQA, a sample of one token), from zero and from main grads."""
-    ext = runtime.ext()
-    dev = torch.cuda.current_device()
-    if not ext.hopper_gemm(dev):
+    if not runtime.ext().hopper_gemm(torch.cuda.current_device()):
         pytest.skip("the wgmma fold needs an sm_90 GPU")
-    sm_scale = 1.0 / shape["head_dim"] ** 0.5
     seen: dict[tuple[bool, int], tuple[torch.Tensor, torch.Tensor]] = {}
     real_fold = attn._launch_dkdv
 
     def both_paths(cache) -> None:
-        work = attn.host.kv_work(cache.lengths, cache.starts, attn._geometry().fold_keys, cache.device)
         g = torch.Generator(device="cuda")
         shape_acc = (cache.total, cache.kv_heads, cache.head_dim)
         for load_acc in (False, True):
             for path in (1, 2):  # mma.sync, wgmma
                 dk = torch.randn(shape_acc, generator=g.manual_seed(7), device="cuda")
                 dv = torch.randn(shape_acc, generator=g.manual_seed(8), device="cuda")
-                ext.attn_dkdv(runtime.ptr(cache.k), runtime.ptr(cache.v), runtime.ptr(cache.q),
-                              runtime.ptr(cache.do), runtime.ptr(cache.lse), runtime.ptr(cache.delta),
-                              runtime.ptr(dk), runtime.ptr(dv), runtime.ptr(work), work.shape[0], cache.heads,
-                              cache.kv_heads, cache.head_dim, cache.total, sm_scale * attn.LOG2E, sm_scale,
-                              load_acc, fp32_grads, dev, torch.cuda.current_stream().cuda_stream, path)
+                attn.fold_kv(cache, dk, dv, load_acc, path)
                 seen[load_acc, path] = (dk, dv)
         real_fold(cache)
 

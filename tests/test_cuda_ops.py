@@ -329,6 +329,24 @@ def _fold_case(gen: torch.Generator, n: int, k: int, rows: int, tiles: int, tile
     return dy.cuda(), x.cuda(), plan.view(tiles, tile).cuda()
 
 
+def _window_fold_case(gen: torch.Generator, n: int, k: int):
+    """dY / X of 300 rows (NaN in every row no slot reads) and 8 tiles of 64 slots that the Hopper fold loads
+    through its row-window TMA map or, where the window would start before row 0, by cp.async: short tiles
+    read in place (5 rows at row 0, 40 rows at row 60, 1 row at row 164), whole tiles, an all -1 tile, a short
+    tile right before the tensor's last row, and a tile whose -1 slot sits inside (not a window)."""
+    dy = torch.randn(300, -(-n // 8) * 8, generator=gen).to(torch.bfloat16)
+    x = torch.randn(300, -(-k // 8) * 8, generator=gen).to(torch.bfloat16)
+    plan = torch.full((8, 64), -1, dtype=torch.int32)
+    for t, (first, count) in enumerate(((0, 5), (60, 40), (100, 64), (164, 1), (165, 64), (0, 0), (290, 10))):
+        plan[t, :count] = torch.arange(first, first + count, dtype=torch.int32)
+    plan[7] = torch.arange(229, 293, dtype=torch.int32)
+    plan[7, 17] = -1
+    unread = torch.ones(300, dtype=torch.bool)
+    unread[plan[plan >= 0].long()] = False
+    dy[unread], x[unread] = float("nan"), float("nan")
+    return dy.cuda(), x.cuda(), plan.cuda()
+
+
 def _fold_tiles(target, path: int, plan: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, n: int, k: int,
                 grad: torch.Tensor) -> None:
     """gemm_dw_fold of the plan's tiles (a [tiles, tile] slice) into grad [n, k], by kernel path ``path``;
@@ -349,7 +367,8 @@ def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
     16-byte chunk at the edge of a row, tiles past the edge), a plan whose length is not a multiple of the
     64-slot stage (its last steps), -1 slots and NaN rows that no slot reads, a main grad with -0.0
     entries, plans of consecutive rows (the stages the Hopper fold loads by TMA, its out-of-bounds columns
-    zero-filled) mixed with short and wrapping stages (gathered by cp.async); and a fold split across two
+    zero-filled) mixed with short tiles read in place (TMA row windows, their zero rows out of bounds: a NaN
+    row after the tile would show) and wrapping stages (gathered by cp.async); and a fold split across two
     calls (the canonical chunked call) equals the fold in one call. A planted defect in
     the stage pipeline (a stage read before it lands, a slot refilled too early) or in the gather moves
     bits against the mma.sync fold here; the float64 check (the contract's dW rule against its FP32 stock
@@ -362,12 +381,14 @@ def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
     tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
     bad = []
     # (N, K, rows, tiles, tile, fraction of -1 slots, runs of consecutive rows)
-    for n, k, rows, tiles, tile, pad, runs in (
-            (512, 1024, 4096, 64, 64, 0.0, False), (1001, 1030, 1500, 45, 32, 0.1, False),
-            (136, 264, 300, 21, 16, 0.3, False), (4096, 4096, 4096, 256, 16, 0.0, False),
-            (512, 1024, 4096, 64, 64, 0.0, True), (1001, 1030, 1500, 45, 32, 0.0, True),
-            (200, 72, 130, 3, 64, 0.0, True), (4096, 4096, 4096, 64, 64, 0.0, True)):
-        dy, x, plan = _fold_case(gen, n, k, rows, tiles, tile, pad, runs)
+    shapes = ((512, 1024, 4096, 64, 64, 0.0, False), (1001, 1030, 1500, 45, 32, 0.1, False),
+              (136, 264, 300, 21, 16, 0.3, False), (4096, 4096, 4096, 256, 16, 0.0, False),
+              (512, 1024, 4096, 64, 64, 0.0, True), (1001, 1030, 1500, 45, 32, 0.0, True),
+              (200, 72, 130, 3, 64, 0.0, True), (4096, 4096, 4096, 64, 64, 0.0, True))
+    cases = [(n, k, tiles, tile, _fold_case(gen, n, k, rows, tiles, tile, pad, runs))
+             for n, k, rows, tiles, tile, pad, runs in shapes]
+    cases += [(n, k, 8, 64, _window_fold_case(gen, n, k)) for n, k in ((256, 512), (1001, 1030))]
+    for n, k, tiles, tile, (dy, x, plan) in cases:
         g0 = torch.randn(n, k, generator=gen)
         g0[torch.rand(n, k, generator=gen) < 0.05] = -0.0
         g0 = g0.cuda()

@@ -11,7 +11,13 @@
 - **kernels only** (``kernels``): the device busy time of the same calls, from the profiler: every device
   activity (kernels, copies, memsets; annotations excluded), overlapping intervals merged, host gaps removed,
   divided by the calls profiled. One sample per profiled round (``Budget.kernel_rounds``; a profiling session
-  costs far more than a short call, so the default is one round of ``kernel_calls`` calls).
+  costs far more than a short call, so the default is one round of ``kernel_calls`` calls). Each round follows
+  ``Budget.kernel_heat_ms`` of the same calls back to back, so that the device runs at the clocks it holds
+  under sustained load, as it does through the end-to-end samples: at its 700 W limit the H200 drops a
+  GEMM-bound step from ~1.83 to ~1.45 GHz within a quarter of a second, and a round profiled from an idle
+  device then reads the kernels of a boosted device (the CUDA dW step at T = 16384: 1.45 ms of kernels from
+  idle, 1.70 ms after 300 ms of steps, 1.83 ms per step end to end; cuBLAS's 1.34 / 1.60 / 1.60 ms;
+  notes/kernels_cuda.md). Without it ``e2e / kernels`` charged the clock drop to the host.
 - **peak extra memory**: the allocator's peak during one call above what was allocated before it.
 - **round robin** (``e2e_rounds``): the end-to-end samples of a case's implementations (the stock path, the
   anchors, every family) are taken in turn, sample 1 of each, then sample 2 of each, ...: a host whose speed
@@ -80,11 +86,12 @@ class Budget:
     warmup: int = 2             # untimed calls first (compilation, autotuning, allocator)
     kernel_rounds: int = 1      # profiled rounds (one kernels sample each)
     kernel_calls: int = 4       # calls per profiled round (at least one per data copy)
+    kernel_heat_ms: float = 200.0  # calls back to back before each profiled round (the device's sustained clocks)
 
     @staticmethod
     def quick() -> Budget:
         return Budget(target_s=0.03, sample_ms=1.0, min_samples=3, max_samples=5, warmup=1, kernel_rounds=1,
-                      kernel_calls=2)
+                      kernel_calls=2, kernel_heat_ms=0.0)
 
 
 @dataclass(frozen=True)
@@ -327,6 +334,7 @@ class CudaTimer:
         n = max(len(calls), self.budget.kernel_calls)
         per = []
         for _ in range(self.budget.kernel_rounds):
+            self._heat(calls)
             self._sync()
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for i in range(n):
@@ -337,6 +345,13 @@ class CudaTimer:
                 return None  # the profiler saw no device activity (CUPTI unavailable): no figure, never a guess
             per.append(busy / 1e6 / n)
         return Timing.of(per, n)
+
+    def _heat(self, calls: Sequence[Fn]) -> None:
+        """The calls back to back for ``Budget.kernel_heat_ms`` of host time (not timed; see the module doc)."""
+        end = time.perf_counter() + self.budget.kernel_heat_ms / 1e3
+        while time.perf_counter() < end:
+            calls[self._cursor % len(calls)]()
+            self._cursor += 1
 
     def host(self, fn: Fn) -> Timing:
         timing = _host_timing(fn, self.budget)

@@ -190,13 +190,20 @@ def _launch_dkdv(cache: AttentionCache) -> None:
     """Fold every canonical query tile into dK / dV (one launch, after the step's last backward)."""
     if not cache._fold_outputs():
         return
+    fold_kv(cache, cache.dk, cache.dv, cache._load_acc)
+
+
+def fold_kv(cache: AttentionCache, dk: torch.Tensor, dv: torch.Tensor, load_acc: bool, path: int = 0) -> None:
+    """The dK / dV fold of the cache's stores into ``dk`` / ``dv`` (fp32 [total, kv_heads, head_dim]; loaded first
+    when ``load_acc``). ``path``: 0 the kernel the GPU picks, 1 the mma.sync fold, 2 the wgmma fold (sm_90; the GPU
+    test launches both on one step's stores and compares their bits)."""
     work = host.kv_work(cache.lengths, cache.starts, _geometry().fold_keys, cache.device)
     sm_scale = 1.0 / math.sqrt(cache.head_dim)
     dev, stream = rt.launch(cache.k)
     rt.ext().attn_dkdv(rt.ptr(cache.k), rt.ptr(cache.v), rt.ptr(cache.q), rt.ptr(cache.do), rt.ptr(cache.lse),
-                       rt.ptr(cache.delta), rt.ptr(cache.dk), rt.ptr(cache.dv), rt.ptr(work), work.shape[0],
+                       rt.ptr(cache.delta), rt.ptr(dk), rt.ptr(dv), rt.ptr(work), work.shape[0],
                        cache.heads, cache.kv_heads, cache.head_dim, cache.total, sm_scale * LOG2E, sm_scale,
-                       cache._load_acc, cache.config.fp32_grads, dev, stream)
+                       load_acc, cache.config.fp32_grads, dev, stream, path)
 
 
 # ------------------------------------------------------------------------------------------------ the cache

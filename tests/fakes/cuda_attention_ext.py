@@ -88,7 +88,7 @@ def attn_dq(q, k, v, o, dout, dq, lse, delta, wide, n_wide, narrow, n_narrow, pa
 
 
 def attn_dkdv(k, v, q, dout, lse, delta, dk, dv, work, n_work, HQ, HKV, D, T, qk_scale, sm_scale, load_acc,
-              fp32_grads, device, stream):
+              fp32_grads, device, stream, path=0):
     G = HQ // HKV
     keys = GEOMETRY["ATTN_FOLD_KEYS"]
     ks, vs = _t(k).view(-1, HKV, D), _t(v).view(-1, HKV, D)
