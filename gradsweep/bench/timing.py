@@ -86,7 +86,7 @@ class Budget:
     warmup: int = 2             # untimed calls first (compilation, autotuning, allocator)
     kernel_rounds: int = 1      # profiled rounds (one kernels sample each)
     kernel_calls: int = 4       # calls per profiled round (at least one per data copy)
-    kernel_heat_ms: float = 200.0  # calls back to back before each profiled round (the device's sustained clocks)
+    kernel_heat_ms: float = 120.0  # calls back to back before each profiled round (the device's sustained clocks)
 
     @staticmethod
     def quick() -> Budget:
