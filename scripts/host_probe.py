@@ -36,7 +36,7 @@ import torch
 
 from gradsweep.bench.catalog import fold_plan
 from gradsweep.bench.timing import CudaTimer, Entry
-from scripts.probe_cases import case_steps
+from scripts.probe_cases import case_steps, log_to
 
 
 def host_us(step: Callable[[], object], calls: int, n: int) -> tuple[float, float]:
@@ -172,13 +172,7 @@ def main() -> None:
     ap.add_argument("--backward-on-caller", action="store_true",
                     help="profile with the autograd engine on the calling thread (Python backwards by name)")
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    log = (args.out / "host_probe.txt").open("a")
-
-    def say(text: str) -> None:
-        print(text, flush=True)
-        log.write(text + "\n")
-        log.flush()
+    say = log_to(args.out, "host_probe.txt")
 
     device = torch.device("cuda")
     if args.fold_plan:

@@ -4,8 +4,9 @@ builds them. Diagnostics only: nothing here times or signs anything."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -49,3 +50,16 @@ def case_steps(manifest: str, ops: Sequence[str], case_filters: Sequence[str],
         yield CaseSteps(case, mode, refs)
         del subject, refs
         torch.cuda.empty_cache()
+
+
+def log_to(out: Path, name: str) -> Callable[[str], None]:
+    """A ``say(text)`` that prints a probe's line and appends it to ``out/name`` (made if missing), flushed at once:
+    a device call cut by its time limit still brings back every line written so far."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / name).open("a")
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        log.write(text + "\n")
+        log.flush()
+    return say

@@ -56,6 +56,12 @@ def cuobjdump() -> str:
     return str(bundled)
 
 
+def kernel_name(mangled: str) -> str:
+    """A kernel's name as both trees spell it: the anonymous namespace's hash (``_GLOBAL__N__<hex>_``) follows the
+    file's path and contents, so the same kernel of an edited file would otherwise look removed and added."""
+    return re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", mangled)
+
+
 def normalise(instruction: str) -> str:
     """An instruction without its register names and immediates."""
     out = re.sub(r"\bU?R\d+\b", "R", instruction)
@@ -75,8 +81,7 @@ def kernels(tree: Path, tu: str, work: Path, tools: tuple[str, list[str], str]) 
     for line in sass.splitlines():
         m = _FUNCTION.match(line)
         if m:
-            # the anonymous namespace's hash follows the file's path and contents: one kernel, one name in both trees
-            current = out.setdefault(re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", m.group(1)), [])
+            current = out.setdefault(kernel_name(m.group(1)), [])
             continue
         m = _INSTRUCTION.match(line)
         if m and current is not None:

@@ -27,7 +27,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from scripts.host_probe import rotate
-from scripts.probe_cases import case_steps
+from scripts.probe_cases import case_steps, log_to
 
 
 def device_events(prof) -> list[tuple[float, float, str]]:
@@ -135,13 +135,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--sustain", type=float, default=0.0, help="seconds of back-to-back steps with clock samples")
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    log = (args.out / "timeline_probe.txt").open("a")
-
-    def say(text: str) -> None:
-        print(text, flush=True)
-        log.write(text + "\n")
-        log.flush()
+    say = log_to(args.out, "timeline_probe.txt")
 
     say(f"idle device: {smi()}")
     for found in case_steps(args.manifest, args.op, args.case, torch.device("cuda")):

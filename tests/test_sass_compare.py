@@ -3,7 +3,7 @@ changes immediates reads as identical; one that adds or removes an instruction i
 
 from __future__ import annotations
 
-from scripts.sass_compare import compare, normalise
+from scripts.sass_compare import compare, kernel_name, normalise
 
 
 def test_normalise_drops_register_names_and_immediates() -> None:
@@ -22,3 +22,10 @@ def test_compare_reports_identical_changed_and_missing_kernels() -> None:
     assert "removed {'IMAD': 1}" in lines["k_changed"]
     assert lines["k_gone"] == "only in the old tree"
     assert lines["k_new"] == "only in the new tree"
+
+
+def test_kernel_names_ignore_the_anonymous_namespace_hash() -> None:
+    a = "_ZN2gs4attn55_GLOBAL__N__243e036e_22_attention_dkdv_sm90_cu_e705952016dkdv_sm90_kernelILb0EEEv"
+    b = "_ZN2gs4attn55_GLOBAL__N__c08bac83_22_attention_dkdv_sm90_cu_e705952016dkdv_sm90_kernelILb0EEEv"
+    assert kernel_name(a) == kernel_name(b)
+    assert kernel_name(a) != kernel_name(b.replace("ILb0", "ILb1"))  # another instantiation stays another kernel
