@@ -53,7 +53,7 @@ def gaps(events: list[tuple[float, float, str]]) -> tuple[float, float, list[tup
         if e >= cur_e:
             last = name
     busy += cur_e - cur_s
-    return busy, events[-1][1] - events[0][0], gap_list
+    return busy, cur_e - events[0][0], gap_list  # the span ends with the latest end, not the last start's
 
 
 def trace_side(step, steps: int) -> list[str]:
