@@ -18,7 +18,7 @@ from gradsweep.bench.metrics import family_metrics, phase_ms, settle
 from gradsweep.bench.predicate import ImplRecord
 from gradsweep.bench.runner import OpStep, chunk_cut, chunked_layout, packed_layout, rows_apart_layout
 from gradsweep.bench.subjects import OpSubject
-from gradsweep.bench.timing import Timing, device_activity, device_spans, merged_busy_ns
+from gradsweep.bench.timing import Budget, CudaTimer, Timing, device_activity, device_spans, merged_busy_ns
 from gradsweep.ops.base import CallOutput, Candidate
 from gradsweep.ops.registry import get_op
 
@@ -254,3 +254,17 @@ def test_cuda_timer_takes_the_samples_of_a_case_in_turn():
     assert got["a"][0].median_ms == 2.0 and got["a"][0].samples == 3 and got["b"][0].samples == 3
     timed = [o for o in order[6:] if o != "bad"]  # after each one's warm-up and first timed call
     assert timed == ["a", "b"] * 3, order
+
+
+def test_kernels_rounds_follow_a_burst_of_the_same_calls() -> None:
+    """Before a profiled round the timer runs the round's own calls back to back for ``kernel_heat_ms`` (the device's
+    sustained clocks, not an idle device's boost), rotating through the data copies as the timed calls do; the quick
+    budget (CPU smoke, tests) skips it."""
+    seen: list[int] = []
+    calls = [lambda i=i: seen.append(i) for i in range(3)]
+    timer = CudaTimer(Budget(kernel_heat_ms=20.0))
+    timer._heat(calls)
+    assert len(seen) > 3 and seen[:4] == [0, 1, 2, 0]
+    seen.clear()
+    CudaTimer(Budget.quick())._heat(calls)
+    assert seen == [] and Budget.quick().kernel_heat_ms == 0.0
