@@ -26,34 +26,35 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from gradsweep.bench.timing import device_activity
 from scripts.host_probe import rotate
 from scripts.probe_cases import case_steps, log_to
 
 
 def device_events(prof) -> list[tuple[float, float, str]]:
-    """(start us, end us, name) of every device activity in the trace, by start."""
+    """(start us, end us, name) of every device work event in the trace (the bench's own test,
+    ``device_activity``: kernels, copies, memsets; no annotation ranges), by start."""
     out = []
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.end <= e.time_range.start:
+            continue
+        if device_activity(e.name, bool(getattr(e, "is_user_annotation", False))):
             out.append((float(e.time_range.start), float(e.time_range.end), e.name))
     return sorted(out)
 
 
 def gaps(events: list[tuple[float, float, str]]) -> tuple[float, float, list[tuple[float, str, str]]]:
-    """(busy us, span us, [(gap us, activity before, activity after)]) of merged device intervals."""
-    busy, gap_list = 0.0, []
-    cur_s, cur_e, last = events[0][0], events[0][1], events[0][2]
+    """(busy us, span us, [(gap us, activity before, activity after)]) of merged device intervals: the span runs
+    from the first start to the latest end, and whatever of it no gap holds is busy."""
+    gap_list = []
+    cur_e, last = events[0][1], events[0][2]
     for s, e, name in events[1:]:
         if s > cur_e:
-            busy += cur_e - cur_s
             gap_list.append((s - cur_e, last, name))
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
         if e >= cur_e:
-            last = name
-    busy += cur_e - cur_s
-    return busy, cur_e - events[0][0], gap_list  # the span ends with the latest end, not the last start's
+            cur_e, last = e, name
+    span = cur_e - events[0][0]
+    return span - sum(g for g, _, _ in gap_list), span, gap_list
 
 
 def trace_side(step, steps: int) -> list[str]:
