@@ -362,7 +362,7 @@ int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uint
   p.tiles_m = static_cast<int>(tiles_m);
   p.tiles_n = static_cast<int>(tiles_n);
   CUtensorMap tma_dy{}, tma_x{};  // row windows of dY [rows, N] and X [rows, K]
-  if (rows > 0) {  // with no rows every plan entry is -1: no stage is a run, the maps are never read
+  if (rows > 0) {  // with no rows every plan entry is -1: no stage reads a window, the maps are never read
     GS_TRY(encode_window(&tma_dy, p.dy, rows, N, ldy));
     GS_TRY(encode_window(&tma_x, p.x, rows, K, ldx));
   }

@@ -121,6 +121,18 @@ def test_dw_fold_bits_follow_tiles_not_storage():
     assert not same(a, gemm.dw_fold_tiles(desc[[1, 0, 2, 3]], x, dy, MG0.clone()))  # the order of tiles matters
 
 
+
+def test_dw_stretches_cut_the_tiles_by_how_they_are_read():
+    """The TMA fold's host plan: windows of the call's rows, windows of the staging rows, and the gather for a
+    window that would start before its source's first row; order kept, every tile in exactly one stretch."""
+    tile = gemm.TILE
+    host = torch.tensor([[0, 5], [5, tile], [69, 40], [-1, 40], [-tile - 1, tile], [-2 * tile - 1, 3], [200, tile],
+                         [30, 34], [29, 34]], dtype=torch.int32).numpy()
+    got = gemm.stretches(host, tile)
+    assert got == [(0, 1, gemm.GATHER), (1, 3, gemm.TMA_ROWS), (3, 4, gemm.GATHER), (4, 6, gemm.TMA_STAGED),
+                   (6, 8, gemm.TMA_ROWS), (8, 9, gemm.GATHER)]
+
+
 # ---------------------------------------------------------------- planted defects are caught
 
 def test_planted_split_k_is_caught():
@@ -261,5 +273,65 @@ def test_m_independence_gpu():
     """The compiled kernels (no interpreter) on the GPU, M up to 4096, in a clean process."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _GPU_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=900, cwd=pathlib.Path(__file__).parents[1])
+    assert "GPU-OK" in res.stdout, res.stdout + res.stderr
+
+
+_GPU_DW_SCRIPT = """
+import torch
+from gradsweep.triton_kernels import gemm
+T = gemm.TILE
+g = torch.Generator().manual_seed(4)
+def bits(a):
+    return a.view(torch.int32)
+def pinned(i):  # one configuration for both kernels: the comparison is kernel against kernel
+    return lambda key: [gemm.dw_configs(key)[i]]
+for n, k, rows in ((4096, 4096, 3000), (1000, 1032, 700)):
+    x, dy = torch.randn(rows, k, generator=g).bfloat16(), torch.randn(rows, n, generator=g).bfloat16()
+    xs, dys = torch.randn(4 * T, k, generator=g).bfloat16(), torch.randn(4 * T, n, generator=g).bfloat16()
+    # (staged, first row, count): short tiles at row 0 of both sources (their windows start before it), whole
+    # tiles, a one-row tile, a short tile ending at the last row, stretches of one source and alternations
+    tiles = [(0, 0, 5), (0, 5, T), (1, 0, 40), (1, T, T), (0, 69, T), (0, 133, 1), (1, 2 * T, 3), (0, rows - 10, 10),
+             (0, 200, T), (1, 3 * T, T), (1, 3 * T + 1, 17), (0, 300, 50)]
+    host = torch.tensor([[-f - 1 if s else f, c] for s, f, c in tiles], dtype=torch.int32).numpy()
+    for src, flag in ((x, 0), (dy, 0), (xs, 1), (dys, 1)):  # NaN in every row no tile reads
+        read = torch.zeros(src.shape[0], dtype=torch.bool)
+        for s, f, c in tiles:
+            if s == flag:
+                read[f:f + c] = True
+        src[~read] = float("nan")
+    mg = torch.randn(n, k, generator=g)
+    mg[torch.rand(n, k, generator=g) < 0.05] = -0.0
+    x, dy, xs, dys, mg = (t.cuda() for t in (x, dy, xs, dys, mg))
+    desc = torch.from_numpy(host).cuda()
+    assert gemm._dw_tma_ok(x, dy, xs, dys)
+    outs = {}
+    for i in (0, 4):
+        gemm._DW.configs = gemm._DW_TMA.configs = pinned(i)
+        gemm._DW.best.clear()
+        gemm._DW_TMA.best.clear()
+        outs["gather", i] = gemm.dw_fold_tiles(desc, x, dy, mg.clone(), xs, dys)
+        outs["tma", i] = gemm.dw_fold_tiles(desc, x, dy, mg.clone(), xs, dys, host)
+        part = gemm.dw_fold_tiles(desc[:5], x, dy, mg.clone(), xs, dys, host[:5])
+        outs["tma split", i] = gemm.dw_fold_tiles(desc[5:], x, dy, part, xs, dys, host[5:])
+    ref = outs["gather", 0]
+    assert torch.isfinite(ref).all() and not torch.equal(ref, mg)
+    for key, out in outs.items():
+        assert torch.equal(bits(out), bits(ref)), (n, k, key, int((bits(out) != bits(ref)).sum()))
+print("GPU-OK")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dw_tma_fold_equals_the_gather_fold_gpu():
+    """On a Hopper GPU ``dw_fold`` reads tiles by TMA through row-window descriptors whose out-of-bounds rows are
+    a short tile's zero rows, one launch per stretch of tiles of one source; elsewhere (and without host
+    descriptors) the masked gather. Both must give the same bits, in one launch or split, at two tile
+    configurations: short tiles at row 0 of the call's rows and of the staging rows, one-row tiles, a tile ending
+    at the last row, stretches and alternations of the two sources, NaN in every row no tile reads (a window
+    that read past its tile would show), a main grad with -0.0 entries."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _GPU_DW_SCRIPT], env=env, capture_output=True, text=True,
                          timeout=900, cwd=pathlib.Path(__file__).parents[1])
     assert "GPU-OK" in res.stdout, res.stdout + res.stderr

@@ -258,6 +258,11 @@ class CudaTimer:
     def _sync(self) -> None:
         self.torch.cuda.synchronize()
 
+    def _next_call(self, calls: Sequence[Fn]) -> None:
+        """The next call in rotation (one cursor across batches: each sample starts where the last one stopped)."""
+        calls[self._cursor % len(calls)]()
+        self._cursor += 1
+
     def _batch(self, calls: Sequence[Fn], n: int) -> tuple[float, float]:
         """(per-call ms of n back-to-back calls between two events, the device idle at the start; per-call ms
         the host spent issuing them, from the first event's record to the last call's return)."""
@@ -267,8 +272,7 @@ class CudaTimer:
         start.record()
         t0 = time.perf_counter()
         for _ in range(n):
-            calls[self._cursor % len(calls)]()
-            self._cursor += 1
+            self._next_call(calls)
         issued = time.perf_counter() - t0
         end.record()
         end.synchronize()
@@ -350,8 +354,7 @@ class CudaTimer:
         """The calls back to back for ``Budget.kernel_heat_ms`` of host time (not timed; see the module doc)."""
         end = time.perf_counter() + self.budget.kernel_heat_ms / 1e3
         while time.perf_counter() < end:
-            calls[self._cursor % len(calls)]()
-            self._cursor += 1
+            self._next_call(calls)
 
     def host(self, fn: Fn) -> Timing:
         timing = _host_timing(fn, self.budget)

@@ -67,19 +67,21 @@ class Tuner:
             meta["EVEN_K"] = k_even % meta["BK"] == 0
         return meta
 
-    def _tune(self, key: tuple, grid: Callable, args: list, consts: dict, scratch: int | None,
-              k_even: int | None) -> triton.Config:
+    def _tune(self, key: tuple, grid: Callable, args: list | None, consts: dict, scratch: int | None,
+              k_even: int | None, args_for: Callable[[dict], list] | None = None) -> triton.Config:
         cands = self.configs(key)
         if len(cands) == 1:
             return cands[0]
-        targs = list(args)
-        if scratch is not None:
-            targs[scratch] = args[scratch].clone()
+        fixed = None if scratch is None else (args if args is not None else args_for(self._meta(cands[0], consts,
+                                                                                                  k_even)))[scratch].clone()
         times = {}
         for c in cands:
             meta = self._meta(c, consts, k_even)
+            targs = list(args if args is not None else args_for(meta))
+            if scratch is not None:
+                targs[scratch] = fixed
 
-            def run(c=c, meta=meta):
+            def run(c=c, meta=meta, targs=targs):
                 self.fn[grid(meta)](*targs, **meta, num_warps=c.num_warps, num_stages=c.num_stages)
             try:
                 run()
@@ -89,14 +91,15 @@ class Tuner:
         self.timings[key] = {str(c): (round(t, 4) if t < float("inf") else None) for c, t in times.items()}
         return min(times, key=times.get)
 
-    def __call__(self, key: tuple, grid: Callable, args: list, consts: dict, scratch: int | None = None,
-                 k_even: int | None = None) -> None:
-        """Launch with the key's config; ``scratch``: index of an in-place argument (cloned to tune)."""
+    def __call__(self, key: tuple, grid: Callable, args: list | None, consts: dict, scratch: int | None = None,
+                 k_even: int | None = None, args_for: Callable[[dict], list] | None = None) -> None:
+        """Launch with the key's config; ``scratch``: index of an in-place argument (cloned to tune); ``args_for``
+        (instead of ``args``): the arguments for a config's meta-parameters (descriptors whose boxes follow them)."""
         cfg = self.best.get(key)
         if cfg is None:
-            cfg = self.best[key] = self._tune(key, grid, args, consts, scratch, k_even)
+            cfg = self.best[key] = self._tune(key, grid, args, consts, scratch, k_even, args_for)
         meta = self._meta(cfg, consts, k_even)
-        self.launch(grid(meta), args, meta, cfg.num_warps, cfg.num_stages)
+        self.launch(grid(meta), args if args is not None else args_for(meta), meta, cfg.num_warps, cfg.num_stages)
 
     def chosen(self) -> dict[str, str]:
         """Chosen config per key (benchmark reports)."""

@@ -34,6 +34,9 @@ every product goes through ``_common.mma``: a fixed-order FP32 product that neve
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -293,6 +296,48 @@ def _dw_kernel(DESC, X, DY, XS, DYS, G, n_tiles, N, K,
     tl.store(g_ptr, acc, mask=g_mask)
 
 
+@triton.jit
+def _dw_tma_kernel(DESC, dy_desc, x_desc, G, n_tiles, N, K, s_g, staged,
+                   BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, GROUP_M: tl.constexpr):
+    """``_dw_kernel`` over tiles of one source (X / DY, or the staging rows when ``staged``), fed by TMA.
+
+    ``dy_desc`` / ``x_desc`` are host-encoded row-window descriptors of the source (``_window``): element (w, j, c)
+    is column c of row w + j, j < BT (both row dimensions step by one row). Tile t reads rows first .. first +
+    count - 1 into slots 0 .. count - 1 and zeros into the others: the box of window first - (BT - count) at
+    j0 = BT - count ends at the tile's last row, and its last BT - count rows (j >= BT) are out of bounds, so TMA
+    writes zeros and reads nothing (the next sample's rows stay unread, as the masked gather leaves them). The
+    window must start at a row (first >= BT - count; the host sends other tiles to ``_dw_kernel``). The same
+    operands in the same slots as ``_dw_kernel``, the same chain of tensor-core steps: the same bits (GPU test).
+    """
+    pid_n, pid_k = tile_ids(tl.program_id(0), tl.cdiv(N, BN), tl.cdiv(K, BK), GROUP_M)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = pid_k * BK + tl.arange(0, BK)
+    g_ptr = G + rn.to(tl.int64)[:, None] * s_g + rk[None, :]
+    g_mask = (rn < N)[:, None] & (rk < K)[None, :]
+    acc = tl.load(g_ptr, mask=g_mask, other=0.0)  # main grad loaded BEFORE the fold
+    last = n_tiles - 1
+    nxt_row0 = tl.load(DESC)
+    nxt_count = tl.load(DESC + 1)
+    for t in range(0, n_tiles):
+        row0 = nxt_row0
+        count = nxt_count
+        ahead = tl.minimum(t + 1, last) * 2
+        nxt_row0 = tl.load(DESC + ahead)
+        nxt_count = tl.load(DESC + ahead + 1)
+        first = tl.where(staged != 0, -row0 - 1, row0)
+        skip = BT - count
+        dy = dy_desc.load([first - skip, skip, pid_n * BN]).reshape(BT, BN)
+        x = x_desc.load([first - skip, skip, pid_k * BK]).reshape(BT, BK)
+        acc = mma(tl.trans(dy), x, acc)
+    tl.store(g_ptr, acc, mask=g_mask)
+
+
+def _window(t: torch.Tensor, block: int):
+    """``t`` [rows, cols] (contiguous rows) as a TMA descriptor of row windows (see ``_dw_tma_kernel``): shape
+    [rows, TILE, cols], both row dimensions stepping by one row, boxes of [1, TILE, block]."""
+    return TensorDescriptor(t, [t.shape[0], TILE, t.shape[1]], [t.stride(0), t.stride(0), 1], [1, TILE, block])
+
+
 _DW_SHAPES = [(128, 256, 8, 3), (128, 256, 8, 4), (256, 128, 8, 3), (256, 128, 8, 4), (128, 128, 8, 4),
               (128, 128, 4, 4)]
 
@@ -304,6 +349,7 @@ def dw_configs(key: tuple) -> list[triton.Config]:
 
 
 _DW = Tuner(_dw_kernel, dw_configs)
+_DW_TMA = Tuner(_dw_tma_kernel, dw_configs)
 
 
 def dw_fold(step: TileStep, x: torch.Tensor, dy: torch.Tensor, main_grad: torch.Tensor,
@@ -316,13 +362,17 @@ def dw_fold(step: TileStep, x: torch.Tensor, dy: torch.Tensor, main_grad: torch.
     """
     if step.tile != TILE:
         raise ValueError(f"dw_fold: the fold's tile must be gemm.TILE={TILE}, got {step.tile}")
-    return dw_fold_tiles(step.desc, x, dy, main_grad, step.stage[x_index], step.stage[dy_index])
+    return dw_fold_tiles(step.desc, x, dy, main_grad, step.stage[x_index], step.stage[dy_index], step.host_desc)
 
 
 def dw_fold_tiles(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_grad: torch.Tensor,
-                  xs: torch.Tensor | None = None, dys: torch.Tensor | None = None) -> torch.Tensor:
+                  xs: torch.Tensor | None = None, dys: torch.Tensor | None = None,
+                  host_desc: np.ndarray | None = None) -> torch.Tensor:
     """The fold kernel on explicit tensors: ``desc`` int32 [n_tiles, 2] (``TileStep.desc``), x / dy the call's
-    rows and xs / dys the staging rows (default: x / dy); main_grad may be a row slice."""
+    rows and xs / dys the staging rows (default: x / dy); main_grad may be a row slice. With ``host_desc`` (the
+    same descriptors on the host, ``TileStep.host_desc``) a Hopper GPU folds by TMA (``_dw_tma_kernel``), one
+    launch per stretch of tiles of one source (a launch loads and stores the FP32 accumulator exactly, so a fold
+    split between launches gives the bits of one; the gather kernel's bits, GPU test)."""
     n, k = main_grad.shape
     xs = x if xs is None else xs
     dys = dy if dys is None else dys
@@ -350,8 +400,56 @@ def dw_fold_tiles(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_gr
 
     def grid(meta):
         return (cdiv(n, meta["BN"]) * cdiv(k, meta["BK"]),)
-    _DW((n, k, bt, x.dtype, dy.dtype), grid, args, {"BT": bt}, scratch=5)
+    if host_desc is None or not _dw_tma_ok(x, dy, xs, dys):
+        _DW((n, k, bt, x.dtype, dy.dtype), grid, args, {"BT": bt}, scratch=5)
+        return main_grad
+    for a, b, kind in stretches(host_desc, bt):  # each launch loads and stores the accumulator exactly
+        part = desc[a:b]
+        if kind == GATHER:
+            _DW((n, k, bt, x.dtype, dy.dtype), grid, [part, *args[1:6], loop_bound(b - a), *args[7:]], {"BT": bt},
+                scratch=5)
+            continue
+        src_x, src_dy = (xs, dys) if kind == TMA_STAGED else (x, dy)
+
+        def tma_args(meta, src_x=src_x, src_dy=src_dy, part=part, tiles=b - a, flag=int(kind == TMA_STAGED)):
+            return [part, _window(src_dy, meta["BN"]), _window(src_x, meta["BK"]), main_grad, loop_bound(tiles), n, k,
+                    main_grad.stride(0), flag]
+        _DW_TMA((n, k, bt, x.dtype, dy.dtype), grid, None, {"BT": bt}, scratch=3, args_for=tma_args)
     return main_grad
+
+
+TMA_ROWS, TMA_STAGED, GATHER = 0, 1, 2  # how a stretch of tiles is read (``stretches``)
+
+
+def stretches(host_desc: np.ndarray, tile: int) -> list[tuple[int, int, int]]:
+    """The tile list cut into stretches of one kind, in order: ``(first tile, end, kind)`` with kind TMA_ROWS
+    (windows of the call's rows), TMA_STAGED (windows of the staging rows) or GATHER (``_dw_kernel``: a tile whose
+    window would start before its source's first row, a short tile among its first tile - 1 rows)."""
+    staged = host_desc[:, 0] < 0
+    first = np.where(staged, -host_desc[:, 0].astype(np.int64) - 1, host_desc[:, 0])
+    kind = np.where(first >= tile - host_desc[:, 1], np.where(staged, TMA_STAGED, TMA_ROWS), GATHER)
+    cuts = [0, *(np.flatnonzero(kind[1:] != kind[:-1]) + 1).tolist(), len(kind)]
+    return [(a, b, int(kind[a])) for a, b in itertools.pairwise(cuts)]
+
+
+def _dw_tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether the TMA fold can read these row tensors: a Hopper-class GPU, bf16 / fp16, row pitches and base
+    addresses 16-byte aligned (TMA's rules; the rows of a window are whole rows of the tensor)."""
+    t0 = tensors[0]
+    if not t0.is_cuda or TensorDescriptor is None or _capability(t0) < 9:
+        return False
+    return all(t.dtype in (torch.bfloat16, torch.float16) and (t.stride(0) * t.element_size()) % 16 == 0
+               and t.data_ptr() % 16 == 0 and t.shape[0] < 2 ** 31 - TILE for t in tensors)
+
+
+_CAPABILITY: dict[int, int] = {}
+
+
+def _capability(t: torch.Tensor) -> int:
+    dev = t.get_device()
+    if dev not in _CAPABILITY:
+        _CAPABILITY[dev] = torch.cuda.get_device_capability(dev)[0]
+    return _CAPABILITY[dev]
 
 
 class DetLinearFn(torch.autograd.Function):

@@ -204,7 +204,7 @@ class LinearLogpFn(torch.autograd.Function):
                 if step is not None:
                     d_s = dlogits_chunk(*staged[:1], w_c, *staged[1:], v0, v) if staged is not None else d
                     dw_fold_tiles(step.desc, hidden, d, ctx.fold.main_grad[v0:v0 + w_c.shape[0]],
-                                  staged[0] if staged is not None else hidden, d_s)
+                                  staged[0] if staged is not None else hidden, d_s, step.host_desc)
         dh = dh_acc.to(hidden.dtype) if dh_acc is not None else None
         return dh, None, None, None, None
 
