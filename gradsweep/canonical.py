@@ -212,8 +212,9 @@ def _packed_runs_small(lengths, sample_ids, starts) -> RowIdentity | None:
             out_r.append(row)
             out_n.append(length)
         row += length
-    runs = Runs(*(np.array(a, dtype=np.int64) for a in (out_s, out_p, out_r, out_n)))
-    runs.__dict__["total"] = row  # the cached_property's slot: no pad rows in a packed call
+    table = np.array((out_s, out_p, out_r, out_n), dtype=np.int64)  # one array: its rows are the runs' fields
+    runs = Runs(*table)
+    runs.__dict__.update(total=row, key=table.tobytes())  # the cached_properties' slots (no pad rows here)
     return _RunRows(row, runs)
 
 
@@ -301,7 +302,7 @@ class TileStep:
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False  # shared by every fold of a layout (and every replayed transition)
+    a.setflags(write=False)  # shared by every fold of a layout (and every replayed transition)
     return a
 
 
@@ -311,59 +312,51 @@ class _Layout:
     slot of (sample s, position p) = (tile_base[s] + p // tile) * tile + p % tile = ``slot_base[s] + p``;
     ``[lo, hi)`` are the absent slots of every sample's last tile, received from the start so that "tile t
     complete" is "[t*tile, (t+1)*tile) received"; ``expected[t]`` the real rows of tile t, which are slots
-    ``tile_first[t] .. tile_end[t]-1``; ``rows_before[t]`` the real rows of the tiles before t; tile t is tile
-    ``t - tile_base[owner[t]]`` of sample ``owner[t]``. Per-tile arrays a call does not need are built on first
-    use (a step's first fold pays the layout: issue 13's cold plan).
+    ``tile_first[t] ..``. Built with a few O(samples) numpy operations and the per-tile arrays on first use:
+    a step's first fold pays the layout (issue 13's cold plan), so reductions and Python-level numpy wrappers
+    (~1 us each on 13 samples, 3x a ufunc) are avoided.
     """
 
     def __init__(self, lengths: np.ndarray, tile: int) -> None:
-        if len(lengths) and int(lengths.min()) < 0:
+        if np.count_nonzero(lengths < 0):
             raise ValueError("CanonicalFold: sample lengths must be >= 0")
         self.lengths, self.tile = _frozen(lengths), tile
         tiles_per_sample = (lengths + (tile - 1)) // tile
-        ends = np.cumsum(tiles_per_sample)
+        ends = np.add.accumulate(tiles_per_sample) * tile  # (np.cumsum: 4x the time on a few samples)
         self.tiles_per_sample = tiles_per_sample
-        self.total_tiles = int(ends[-1]) if len(ends) else 0
-        self.slot_base = _frozen((ends - tiles_per_sample) * tile)
+        self.total_tiles = int(ends[-1]) // tile if len(ends) else 0
+        self.slot_base = _frozen(ends - tiles_per_sample * tile)
         self.slot_end = _frozen(self.slot_base + lengths)
-        gap = self.slot_end < ends * tile
-        self.lo, self.hi = _frozen(self.slot_end[gap]), _frozen(ends[gap] * tile)
+        gap = self.slot_end < ends
+        self.lo, self.hi = _frozen(self.slot_end[gap]), _frozen(ends[gap])
         self.nonempty = int(np.count_nonzero(tiles_per_sample))
 
     @cached_property
-    def owner(self) -> np.ndarray:
-        return _frozen(np.repeat(np.arange(len(self.lengths), dtype=np.int64), self.tiles_per_sample))
-
-    @cached_property
     def tile_first(self) -> np.ndarray:
-        return _frozen(np.arange(self.total_tiles, dtype=np.int64) * self.tile)
+        return _frozen(np.arange(0, self.total_tiles * self.tile, self.tile, dtype=np.int64))
 
     @cached_property
     def expected(self) -> np.ndarray:
-        return _frozen(np.minimum(self.tile, self.slot_end[self.owner] - self.tile_first))
-
-    @cached_property
-    def tile_end(self) -> np.ndarray:
-        return _frozen(self.tile_first + self.expected)
-
-    @cached_property
-    def rows_before(self) -> np.ndarray:
-        return _frozen(np.concatenate(([0], np.cumsum(self.expected))))
+        last = self.slot_end.repeat(self.tiles_per_sample)  # the end of each tile's sample
+        return _frozen(np.minimum(last - self.tile_first, self.tile))
 
     def whole_step(self, runs: Runs) -> np.ndarray | None:
         """Closed form of the commonest step, one call holding every sample whole (a packed batch, in any sample
         order, any row order): row0 of every tile, all read in place; None for any other call. Equal to what
         registering the runs and describing the tiles gives (tests/test_canonical_plan_speed_equivalence.py)."""
         s = runs.sample
-        if len(s) != self.nonempty or not self.total_tiles or runs.pos0.any() or int(s.max()) >= len(self.lengths):
+        if len(s) != self.nonempty or not self.total_tiles or np.count_nonzero(runs.pos0):
             return None
-        if not (self.lengths[s] == runs.length).all():
+        try:
+            if np.count_nonzero(self.lengths[s] != runs.length):
+                return None
+        except IndexError:  # a sample id outside the step: the general path's error
             return None
-        row_of = np.full(len(self.lengths), -1, dtype=np.int64)
+        row_of = np.empty(len(self.lengths), dtype=np.int64)  # (an absent sample is empty: it has no tile)
         row_of[s] = runs.row0
-        if not (row_of[s] == runs.row0).all():  # a sample twice (then another is missing): the general path's error
+        if np.count_nonzero(row_of[s] != runs.row0):  # a sample twice, another missing: the general path's error
             return None
-        return row_of[self.owner] + (self.tile_first - self.slot_base[self.owner])
+        return (row_of - self.slot_base).repeat(self.tiles_per_sample) + self.tile_first
 
 
 @lru_cache(maxsize=64)
@@ -459,10 +452,12 @@ class CanonicalFold:
         self._lo, self._hi = layout.lo, layout.hi
         self.cursor = 0
         # Staging: block b holds rows [b*tile, (b+1)*tile) of every staging tensor, in slot order.
-        self._block_of_tile = np.full(self.total_tiles, -1, dtype=np.int64)
+        self._block_of_tile = np.empty(self.total_tiles, dtype=np.int64)
+        self._block_of_tile.fill(-1)  # (np.full: 2x the time)
         self._free: list[int] = []
-        self._stage: tuple[torch.Tensor, ...] | None = None
         self._stage_blocks = 0
+        self._backing: tuple[torch.Tensor, ...] = ()  # one allocation per row tensor (see ``_grow_stage``)
+        self._view: tuple[torch.Tensor, ...] = ()  # the staging tensors last made by ``_staging``
         self._path: tuple = ()  # the calls so far (see ``_follow``)
 
     @property
@@ -486,7 +481,7 @@ class CanonicalFold:
             raise ValueError(f"CanonicalFold: sample id {int(s.max())} outside the step's "
                              f"{len(self.lengths)} samples") from None
         slot1 = slot0 + runs.length
-        if (p < 0).any() or (slot1 > self._slot_end[s]).any():
+        if np.count_nonzero((p | (self._slot_end[s] - slot1)) < 0):  # p < 0 or past the sample's end
             raise ValueError("CanonicalFold: a row's position lies outside its sample")
         lo = np.concatenate((self._lo, slot0))
         hi = np.concatenate((self._hi, slot1))
@@ -494,19 +489,19 @@ class CanonicalFold:
         lo, hi = lo[o], hi[o]
         # received intervals are disjoint: after sorting, any overlap (within the call or with earlier calls)
         # shows between neighbours
-        if (lo[1:] < hi[:-1]).any():
+        space = lo[1:] - hi[:-1]
+        if np.count_nonzero(space < 0):
             raise ValueError("CanonicalFold: a token reached the fold twice")
-        gap = lo[1:] > hi[:-1]  # touching intervals merge
-        self._lo, self._hi = lo[np.concatenate(([True], gap))], hi[np.concatenate((gap, [True]))]
+        gap = space.astype(bool)  # touching intervals merge
+        self._lo, self._hi = np.concatenate((lo[:1], lo[1:][gap])), np.concatenate((hi[:-1][gap], hi[-1:]))
         return slot0, slot1
 
     def _advance(self) -> int:
         """The first incomplete tile at or after the cursor."""
         at = self.cursor * self.tile
         j = int(self._lo.searchsorted(at, side="right")) - 1
-        if j >= 0 and self._hi[j] > at:
-            return min(int(self._hi[j]) // self.tile, self.total_tiles)
-        return self.cursor
+        hi = int(self._hi[j]) if j >= 0 else at
+        return min(hi // self.tile, self.total_tiles) if hi > at else self.cursor
 
     # ------------------------------------------------------------------------------------ cached transitions
     # Every parameter of a step has its own fold, and every fold of one layout sees the same calls: the plan of
@@ -514,7 +509,7 @@ class CanonicalFold:
     # it is computed (and uploaded) once and replayed for every other fold that meets the same state.
     def _transition_key(self, kind: str, runs: Runs, device: torch.device) -> tuple | None:
         """The cache key of this call from this state; None while staged rows wait (their blocks matter too)."""
-        if self._stage is not None and len(self._free) != self._stage_blocks:
+        if len(self._free) != self._stage_blocks:
             return None
         return (kind, self._layout_key, self.cursor, self._lo.tobytes(), self._hi.tobytes(), runs.key, str(device))
 
@@ -530,8 +525,8 @@ class CanonicalFold:
     def _remember(self, key: tuple | None, result: tuple) -> None:
         if key is None:
             return
-        self._lo.flags.writeable = False  # shared with every fold that replays this transition
-        self._hi.flags.writeable = False
+        _frozen(self._lo)  # shared with every fold that replays this transition
+        _frozen(self._hi)
         _store_transition(key, (self._lo, self._hi, self.cursor, result))
 
     # A call that stages or carries rows (or reads rows staged by an earlier call) also depends on the staging
@@ -554,40 +549,53 @@ class CanonicalFold:
         if blocks:
             self._grow_stage(tensors, blocks)
         if copy is not None:
-            assert self._stage is not None
-            _run_stage_copy(self._stage, tensors, copy)
+            _run_stage_copy(self._backing, tensors, copy)
         self._lo, self._hi, self.cursor = lo, hi, cursor
         self._block_of_tile = block_of_tile.copy()
         self._free = list(free)
         return result
 
     def _remember_staged(self, key: tuple, copy: tuple | None, result: tuple) -> None:
-        self._lo.flags.writeable = False
-        self._hi.flags.writeable = False
-        blocks = self._stage_blocks if self._stage is not None else 0
+        _frozen(self._lo)
+        _frozen(self._hi)
+        blocks = self._stage_blocks
         nbytes = copy[1].numel() * copy[1].element_size() if copy is not None and copy[0] == "index" else 0
         _store_transition(key, (self._lo, self._hi, self.cursor, self._block_of_tile.copy(), tuple(self._free),
                                 blocks, copy, result), nbytes)
 
     # ----------------------------------------------------------------------------------------------- staging
-    def _stage_tensors(self, tensors: tuple[torch.Tensor, ...], blocks: int) -> tuple[torch.Tensor, ...]:
-        """Staging tensors with at least ``blocks`` blocks (grown by doubling, contents kept)."""
-        if self._stage is not None and blocks <= self._stage_blocks:
-            return self._stage
+    def _make_room(self, tensors: tuple[torch.Tensor, ...], blocks: int) -> None:
+        """At least ``blocks`` staging blocks (the capacity doubled, contents kept; new blocks are free)."""
+        if self._backing and blocks <= self._stage_blocks:
+            return
         cap = max(blocks, 2 * self._stage_blocks, 4)
         self._free.extend(range(self._stage_blocks, cap))
-        return self._grow_stage(tensors, cap)
+        self._grow_stage(tensors, cap)
 
-    def _grow_stage(self, tensors: tuple[torch.Tensor, ...], cap: int) -> tuple[torch.Tensor, ...]:
-        """Staging tensors of ``cap`` blocks (contents kept; the free list is the caller's)."""
-        if self._stage is not None and cap <= self._stage_blocks:
-            return self._stage
-        new = tuple(torch.empty((cap * self.tile, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in tensors)
-        if self._stage is not None:
-            for dst, src in zip(new, self._stage):
-                dst[: src.shape[0]].copy_(src)
-        self._stage, self._stage_blocks = new, cap
-        return new
+    def _grow_stage(self, tensors: tuple[torch.Tensor, ...], cap: int) -> None:
+        """``cap`` staging blocks, contents kept (the free list is the caller's). The staging rows live in one
+        allocation per row tensor, made with room for the next doubling (no more than the tiles left to fold):
+        a chunked step's carried rows double from its first call to its second, so its fresh fold allocated its
+        staging twice and copied it once per step (the bench's: 2x 85 MB more and 2x 42 MB copied; a torch.empty
+        costs ~6 us of host on the H200). Copies write to the allocations; the staging tensors are their views."""
+        if self._backing and cap <= self._stage_blocks:
+            return
+        if not self._backing or cap * self.tile > self._backing[0].shape[0]:
+            room = max(cap, min(2 * cap, self.total_tiles - self.cursor)) * self.tile
+            new = tuple(torch.empty((room, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in tensors)
+            if self._backing:
+                for dst, src in zip(new, self._staging()):
+                    dst[: src.shape[0]].copy_(src)
+            self._backing, self._view = new, ()
+        self._stage_blocks = cap
+
+    def _staging(self) -> tuple[torch.Tensor, ...]:
+        """The staging tensors (``_stage_blocks`` blocks): views of the allocations, made only when a step hands
+        them to a kernel (a view costs ~3 us of host on the H200), the allocations themselves when of that size."""
+        rows = self._stage_blocks * self.tile
+        if not self._view or self._view[0].shape[0] != rows:
+            self._view = tuple(b if b.shape[0] == rows else b[:rows] for b in self._backing)
+        return self._view
 
     def _copy_to_stage(self, tensors: tuple[torch.Tensor, ...], piece_tile: np.ndarray, piece_lo: np.ndarray,
                        piece_row: np.ndarray, piece_len: np.ndarray) -> tuple | None:
@@ -598,14 +606,13 @@ class CanonicalFold:
         tiles = _sorted_unique(piece_tile)
         fresh = tiles[self._block_of_tile[tiles] < 0]
         if len(fresh) > len(self._free):
-            self._stage_tensors(tensors, self._stage_blocks - len(self._free) + len(fresh))
-        stage = self._stage_tensors(tensors, 0)
+            self._make_room(tensors, self._stage_blocks - len(self._free) + len(fresh))
         self._free.sort()
         self._block_of_tile[fresh] = self._free[:len(fresh)]  # lowest blocks first
         del self._free[:len(fresh)]
-        dst0 = self._block_of_tile[piece_tile] * self.tile + piece_lo % self.tile
+        dst0 = (self._block_of_tile[piece_tile] - piece_tile) * self.tile + piece_lo  # block * tile + lo % tile
         copy = _stage_copy(piece_row, dst0, piece_len, tensors[0].device)
-        _run_stage_copy(stage, tensors, copy)
+        _run_stage_copy(self._backing, tensors, copy)
         return copy
 
     # ------------------------------------------------------------------------------------------------- takes
@@ -614,48 +621,39 @@ class CanonicalFold:
         for t in tensors:
             if t.shape[0] != n:
                 raise ValueError("CanonicalFold: every row tensor must have one row per RowIdentity row")
-        if self._stage is not None and (len(self._stage) != len(tensors) or any(
-                s.dtype != t.dtype or s.shape[1:] != t.shape[1:] for s, t in zip(self._stage, tensors))):
+        if self._backing and (len(self._backing) != len(tensors) or any(
+                s.dtype != t.dtype or s.shape[1:] != t.shape[1:] for s, t in zip(self._backing, tensors))):
             raise ValueError("CanonicalFold: calls must pass the same row tensors")
 
-    def _pieces(self, slot0: np.ndarray, slot1: np.ndarray, row0: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Runs cut at tile boundaries: (tile, first slot, first row, length) arrays, O(runs + tiles)."""
+    def _pieces(self, slot0: np.ndarray, slot1: np.ndarray, row0: np.ndarray) -> np.ndarray:
+        """Runs cut at tile boundaries: rows (tile, first slot, first row, length) of one [4, pieces] array (a
+        subset of the pieces is one fancy index), O(runs + tiles)."""
+        if not len(slot0):
+            return np.empty((4, 0), dtype=np.int64)
         tile = self.tile
         t_first = slot0 // tile
-        n_pieces = (slot1 - 1) // tile - t_first + 1
-        run = np.repeat(np.arange(len(slot0)), n_pieces)
-        piece_tile = t_first[run] + (np.arange(len(run)) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces))
-        piece_lo = np.maximum(slot0[run], piece_tile * tile)
-        piece_len = np.minimum(slot1[run], (piece_tile + 1) * tile) - piece_lo
-        return piece_tile, piece_lo, row0[run] + (piece_lo - slot0[run]), piece_len
+        n_pieces = (slot1 + (tile - 1)) // tile - t_first
+        ends = np.add.accumulate(n_pieces)
+        # each piece's run: its slots, its row shift and its tile's shift from the piece index (one repeat)
+        run_of = np.array((slot0, slot1, row0 - slot0, t_first - (ends - n_pieces))).repeat(n_pieces, axis=1)
+        out = np.empty((4, int(ends[-1])), dtype=np.int64)
+        piece_tile, piece_lo, piece_row, piece_len = out
+        np.add(np.arange(out.shape[1]), run_of[3], out=piece_tile)
+        np.multiply(piece_tile, tile, out=piece_row)  # (the first slot of the piece's tile, for now)
+        np.minimum(run_of[1], piece_row + tile, out=piece_len)
+        np.maximum(run_of[0], piece_row, out=piece_lo)
+        piece_len -= piece_lo
+        np.add(run_of[2], piece_lo, out=piece_row)
+        return out
 
     def _release(self, c0: int, c1: int) -> np.ndarray:
         """Staging blocks of the ready tiles (-1: none), given back for the next call's carried rows."""
         blocks = self._block_of_tile[c0:c1].copy()
-        if self._stage is not None:
+        if self._backing:
             self._free.extend(blocks[blocks >= 0].tolist())
             self._block_of_tile[c0:c1] = -1
         self.cursor = c1
         return blocks
-
-    def _describe_ready(self, slot0: np.ndarray, slot1: np.ndarray, row0: np.ndarray, c0: int,
-                        c1: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """Descriptors of the ready tiles ``c0 .. c1-1`` as read in place, which of them are (direct), and the
-        rows they read; the runs are in slot order. Tile t is direct when the run holding its first slot holds
-        all of it (then nothing of it can have come from another call: that would be a duplicate)."""
-        layout = self._layout
-        desc = np.empty((c1 - c0, 2), dtype=np.int32)
-        desc[:, 1] = layout.expected[c0:c1]
-        if not len(slot0):
-            return desc, np.zeros(c1 - c0, dtype=bool), 0
-        first, end = layout.tile_first[c0:c1], layout.tile_end[c0:c1]
-        k = slot0.searchsorted(first, side="right") - 1  # -1 (before every run) reads run 0: not direct
-        run0 = slot0.take(k, mode="clip")
-        direct = (run0 <= first) & (slot1.take(k, mode="clip") >= end)
-        desc[:, 0] = (row0 - slot0).take(k, mode="clip") + first
-        if direct.all():
-            return desc, direct, int(layout.rows_before[c1] - layout.rows_before[c0])
-        return desc, direct, int(layout.expected[c0:c1][direct].sum())
 
     def take_tiles(self, rows: RowIdentity, tensors: Sequence[torch.Tensor]) -> TileStep:
         """Register one call's rows (and the row tensors a fold reads); describe the tiles to fold now."""
@@ -672,45 +670,50 @@ class CanonicalFold:
         hit = self._replay_staged(seq, tensors)
         if hit is not None:
             desc_dev, desc, stage_rows, in_place = hit
-            stage = self._stage if (self._stage is not None and stage_rows) else tensors
+            stage = self._staging() if stage_rows else tensors
             return TileStep(desc_dev, desc, stage, stage_rows, c0, tile, in_place)
         if c0 == 0 and self._lo is self._layout.lo:  # nothing received yet: maybe the whole step in one call
             whole = self._layout.whole_step(runs)
             if whole is not None:
                 return self._take_whole_step(whole, runs, tensors, key, device)
-        slot0, slot1 = self._register(runs)
-        row0 = runs.row0
-        c1 = self._advance()
-        n_ready = c1 - c0
-        if n_ready:
-            if len(slot0) > 1 and not (slot0[1:] > slot0[:-1]).all():  # runs in slot order
-                o = slot0.argsort()
-                slot0, slot1, row0 = slot0[o], slot1[o], row0[o]
-            desc, direct, in_place = self._describe_ready(slot0, slot1, row0, c0, c1)
-        else:
-            desc, direct, in_place = np.empty((0, 2), dtype=np.int32), np.zeros(0, dtype=bool), 0
-        stage_rows = 0
-        copy = None
-        if in_place < runs.total:  # some rows of this call are carried or staged
-            piece_tile, piece_lo, piece_row, piece_len = self._pieces(slot0, slot1, row0)
-            keep = piece_tile >= c1
-            if n_ready:
-                keep |= ~direct[np.minimum(piece_tile - c0, n_ready - 1)]
-            copy = self._copy_to_stage(tensors, piece_tile[keep], piece_lo[keep], piece_row[keep], piece_len[keep])
-        if n_ready:
-            blocks = self._release(c0, c1)
-            if not direct.all():
-                desc[~direct, 0] = -(blocks[~direct] * tile) - 1
-                stage_rows = int(blocks[~direct].max() + 1) * tile
-        else:
-            self.cursor = c1
-        stage = self._stage if (self._stage is not None and stage_rows) else tensors
+        desc, stage_rows, in_place, copy = self._plan_tiles(runs, tensors)
+        stage = self._staging() if stage_rows else tensors
         step = TileStep(upload(desc, device), desc, stage, stage_rows, c0, tile, in_place)
         if in_place == runs.total and key is not None:  # nothing staged, carried or waiting: keyed by the state
             self._remember(key, (step.desc, desc, in_place))
         else:
             self._remember_staged(seq, copy, (step.desc, desc, stage_rows, in_place))
         return step
+
+    def _plan_tiles(self, runs: Runs, tensors: tuple[torch.Tensor, ...]) -> tuple[np.ndarray, int, int, tuple | None]:
+        """Register the call, stage its rows that no ready tile reads in place, release the ready tiles; return
+        their descriptors, the staging rows they read, the rows read in place and the staging copy.
+
+        A ready tile is direct when one piece (a run cut at tile boundaries) holds all its real rows: then nothing
+        of it can have come from another call (that would be a duplicate). Every other piece is staged: its tile
+        is split between runs or calls, or not ready."""
+        c0 = self.cursor
+        slot0, slot1 = self._register(runs)
+        row0 = runs.row0
+        c1 = self._advance()
+        if c1 > c0 and len(slot0) > 1 and np.count_nonzero(slot0[1:] < slot0[:-1]):  # runs in slot order
+            o = slot0.argsort()
+            slot0, slot1, row0 = slot0[o], slot1[o], row0[o]
+        pieces = self._pieces(slot0, slot1, row0)
+        tile_of, _, row, length = pieces
+        direct = (tile_of < c1) & (length == self._layout.expected[tile_of])
+        copy = self._copy_to_stage(tensors, *pieces[:, ~direct])
+        if c1 == c0:
+            return np.empty((0, 2), dtype=np.int32), 0, 0, copy
+        blocks = self._release(c0, c1)
+        first = blocks * -self.tile - 1  # a split tile reads its staging block (rows -first-1 ..)
+        d = direct.nonzero()[0]
+        first[tile_of[d] - c0] = row[d]
+        desc = np.empty((c1 - c0, 2), dtype=np.int32)
+        desc[:, 0] = first
+        desc[:, 1] = self._layout.expected[c0:c1]
+        stage_rows = (int(blocks.max()) + 1) * self.tile  # (0 when no ready tile is staged: blocks are -1)
+        return desc, stage_rows, int(length[d].sum()), copy
 
     def _take_whole_step(self, row0: np.ndarray, runs: Runs, tensors: tuple[torch.Tensor, ...], key: tuple | None,
                          device: torch.device) -> TileStep:
@@ -772,8 +775,7 @@ class CanonicalFold:
         """The row tensors of a ``take`` step: the first ``n_stage`` staging rows, then the call's rows."""
         if not n_stage:
             return tensors
-        assert self._stage is not None
-        return tuple(torch.cat([st[:n_stage], t]) for st, t in zip(self._stage, tensors))
+        return tuple(torch.cat([st[:n_stage], t]) for st, t in zip(self._backing, tensors))
 
     def finish(self) -> torch.Tensor:
         """Check that every token was folded and return the main grad."""
@@ -786,9 +788,12 @@ class CanonicalFold:
 
 def _sorted_unique(a: np.ndarray) -> np.ndarray:
     """``np.unique(a)``, without its sort when ``a`` is sorted already (pieces come in slot order)."""
-    if len(a) > 1 and (a[1:] >= a[:-1]).all():
-        return a[np.concatenate(([True], a[1:] != a[:-1]))]
-    return np.unique(a)
+    if len(a) < 2:
+        return a
+    step = a[1:] - a[:-1]
+    if np.count_nonzero(step < 0):
+        return np.unique(a)
+    return np.concatenate((a[:1], a[1:][step.astype(bool)]))
 
 
 def _stage_copy(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray, device: torch.device) -> tuple:
@@ -807,17 +812,18 @@ def _run_stage_copy(stage: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor
         for st, t in zip(stage, tensors):
             st[d:d + n].copy_(t[r:r + n])
         return
-    src, dst = copy[1][0], copy[1][1]  # source rows, staging rows
+    src, dst = copy[1].unbind(0)  # source rows, staging rows (H200 host: 3.2 us, two selects 4.3 us)
     for st, t in zip(stage, tensors):
         st.index_copy_(0, dst, t.index_select(0, src))
 
 
 def _piece_rows(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray) -> np.ndarray:
     """[2, rows] int64: the source and the staging row of every row of the pieces, in piece order (one pass)."""
-    total = int(length.sum())
-    shift = np.cumsum(length) - length  # piece i's rows are numbered shift[i] .. in the flat row order
-    offsets = np.concatenate((src0 - shift, dst0 - shift)).reshape(2, -1)
-    return np.repeat(offsets, length, axis=1) + np.arange(total, dtype=np.int64)
+    ends = np.add.accumulate(length)
+    shift = ends - length  # piece i's rows are numbered shift[i] .. in the flat row order
+    rows = np.array((src0 - shift, dst0 - shift)).repeat(length, axis=1)
+    rows += np.arange(int(ends[-1]), dtype=np.int64)
+    return rows
 
 
 def fold_reference(step: FoldStep, contribution: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,8 @@
    hostile pads), hash to the digests recorded with the previous plan algorithm (row tables built from
    per-row slots): the new plans fold the same rows in the same order.
 2. The plans themselves match an oracle that is the previous algorithm, call by call, on every layout.
+3. The staging's host cost: a fresh fold's chunked step allocates its staging once and stages a call's rows with
+   one gather and one scatter per row tensor, reading the oracle's rows.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # before any triton kernel module is imported
 
 import hashlib
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.canonical import CanonicalFold, RowIdentity, clear_plan_caches
 from gradsweep.triton_kernels import embedding as emb_mod
 from gradsweep.triton_kernels import gemm
 from gradsweep.triton_kernels import linear_logp as ll
@@ -351,6 +355,69 @@ def test_fold_refuses_bad_rows():
         fold.take_tiles(RowIdentity.packed([3]), ())
     with pytest.raises(ValueError, match="twice"):
         fold.take_tiles(RowIdentity(torch.tensor([1, 1]), torch.tensor([2, 2])), ())
+
+
+# ------------------------------------------------------------------ the staging's host cost (issue 13, cold plan)
+class _TorchOps(TorchDispatchMode):
+    """Counts the torch operations dispatched (each one a launch or a host-side call on the GPU host)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _thirds_step(lengths: list[int]) -> list[RowIdentity]:
+    """Every sample cut in three pieces, piece k of every sample packed into call k (the fold_plan bench's
+    chunked step): the first call carries every later sample's rows, the second about twice as many."""
+    cuts = [[n // 3, n // 3, n - 2 * (n // 3)] for n in lengths]
+    return [RowIdentity.packed([c[k] for c in cuts], list(range(len(lengths))), [sum(c[:k]) for c in cuts])
+            for k in range(3)]
+
+
+def test_chunked_step_stages_with_one_allocation_and_two_ops_per_tensor():
+    """A fresh fold's chunked step allocates each staging tensor once (room for the doubling of the carried rows:
+    no regrow, no copy of staged rows), makes no staging view the kernels do not take, and stages each call's
+    rows with one gather and one scatter per row tensor (the index split by one unbind); a second fold of the
+    step (replayed calls) does the same. The rows every tile reads, staged ones included, are the oracle's."""
+    tile = 4
+    calls = _thirds_step(LENGTHS)
+    clear_plan_caches()
+    for attempt in ("cold", "replay"):
+        old, fold = _PreviousFold(LENGTHS, tile), CanonicalFold(torch.zeros(1), LENGTHS, tile)
+        ops = []
+        for k, rows in enumerate(calls):
+            ident = torch.stack([rows.sample, rows.position], 1)
+            first, want = old.take(rows, ident)
+            with _TorchOps() as seen:
+                step = fold.take_tiles(rows, (ident, ident.double()))
+            ops.append(seen.counts)
+            assert step.first_tile == first and torch.equal(_identities(step, ident), want), (attempt, k)
+            for row0, count in step.host_desc.tolist():  # the second tensor's staged rows: the same rows
+                if row0 < 0:
+                    r = -row0 - 1
+                    assert torch.equal(step.stage[1][r:r + count], step.stage[0][r:r + count].double()), (attempt, k)
+        assert fold.done
+        assert [c["empty"] for c in ops] == [2, 0, 0], (attempt, ops)  # the staging, allocated by the first call
+        assert not any(c["copy_"] or c["select"] or c["slice"] for c in ops), (attempt, ops)
+        assert all((c["unbind"], c["index_select"], c["index_copy_"]) == (1, 2, 2) for c in ops), (attempt, ops)
+        assert fold._stage_blocks == 26 and fold._backing[0].shape[0] == 26 * tile  # 13 blocks, then 26
+    clear_plan_caches()
+
+
+def test_staging_room_is_bounded_by_the_tiles_left():
+    """The staging's room for doubling never exceeds the tiles not yet folded: a step whose first call carries a
+    tile of each of its four samples allocates those four blocks, not eight."""
+    tile = 64
+    fold = CanonicalFold(torch.zeros(1), [64] * 4, tile)
+    first = RowIdentity.packed([32] * 4, [0, 1, 2, 3])
+    step = fold.take_tiles(first, (torch.zeros(128, 2),))
+    assert step.num_tiles == 0 and fold._stage_blocks == 4 and fold._backing[0].shape[0] == 4 * tile
+    step = fold.take_tiles(RowIdentity.packed([32] * 4, [0, 1, 2, 3], [32] * 4), (torch.ones(128, 2),))
+    assert step.num_tiles == 4 and fold.done and step.stage[0].shape[0] == 4 * tile
 
 
 if __name__ == "__main__":  # print the digests (to record them after a deliberate change of the bits)
