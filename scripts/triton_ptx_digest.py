@@ -51,6 +51,8 @@ LOGP_FWD_TYPES = {"L": "*bf16", "T": "*i64", "OUT": "*fp32", "LSE": "*fp32", "R"
 LOGP_BWD_TYPES = {"L": "*bf16", "T": "*i64", "LSE": "*fp32", "G": "*fp32", "D": "*bf16", "R": "i32", "V": "i32",
                   "s_l": "i32", "s_d": "i32"}
 FOLD_TYPES = {"part_ptr": "*fp32", "acc_ptr": "*fp32", "n_tiles": "i32", "n_cols": "i32"}
+DW_TMA_TYPES = {"DESC": "*i32", "G": "*fp32", "n_tiles": "i32", "N": "i32", "K": "i32", "s_g": "i32",
+                "staged": "i32"}
 TMA_TYPES = {"a_desc": "tensordesc<bf16[128,64]>", "w_desc": "tensordesc<bf16[256,64]>",
              "c_desc": "tensordesc<bf16[128,256]>", "M": "i32", "N": "i32", "K": "i32"}
 
@@ -84,7 +86,13 @@ def specs() -> list[tuple[str, str, dict, dict, int, int, str]]:
     out.append(("_common", "_fold_kernel", FOLD_TYPES, {"BLOCK": 32, "UNROLL": 64}, 1, 3, "fold"))
     if hasattr(importlib.import_module("gradsweep.triton_kernels.gemm"), "_mm_tma_kernel"):
         out.append(("gemm", "_mm_tma_kernel", TMA_TYPES, {"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8,
-                                                         "PROGRAMS": 132}, 8, 3, "TMA fwd"))
+                                                         "PROGRAMS": 132, "B_T": True}, 8, 3, "TMA fwd"))
+    if hasattr(importlib.import_module("gradsweep.triton_kernels.gemm"), "_dw_tma_kernel"):
+        for bn, bk, w, s in [(128, 256, 8, 3), (256, 128, 8, 4), (128, 128, 4, 4)]:
+            types = {**DW_TMA_TYPES, "dy_desc": f"tensordesc<bf16[1,64,{bn}]>",
+                     "x_desc": f"tensordesc<bf16[1,64,{bk}]>"}
+            out.append(("gemm", "_dw_tma_kernel", types, {"BN": bn, "BK": bk, "BT": 64, "GROUP_M": 8}, w, s,
+                        "dW fold by TMA"))
     return out
 
 

@@ -249,16 +249,19 @@ torch.manual_seed(0)
 x = torch.randn(4096, 512, device="cuda").bfloat16()
 w = (torch.randn(1000, 512, device="cuda") * .05).bfloat16()
 t = torch.randint(0, 1000, (4096,), device="cuda")
+dy = torch.randn(4096, 1000, device="cuda").bfloat16()
 def bits(a):
     return a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32)
 fns = {"fwd": lambda n: gemm.matmul_invariant(x[:n], w),
        "fwd_fp32_out": lambda n: gemm.matmul_invariant(x[:n], w, out_dtype=torch.float32),
        "dx": lambda n: gemm.matmul_invariant(x[:n, :500], w[:500].t()),
+       "dx_contiguous": lambda n: gemm.matmul_invariant(dy[:n], w.t()),
        "logp": lambda n: lp.logp_forward(x[:n], t[:n])[0],
        "linear_logp": lambda n: ll.fused_forward(x[:n], w, t[:n])[0]}
 # M >= gemm.TMA_MIN_M runs the persistent TMA kernel, smaller M _mm_kernel: rows must not tell them apart
-assert gemm._tma_ok(x, w, torch.empty(4096, 1000, device="cuda", dtype=torch.bfloat16))
-assert not gemm._tma_ok(x[:1000], w, torch.empty(1000, 1000, device="cuda", dtype=torch.bfloat16))
+assert gemm._tma_ok(x, w.t(), torch.empty(4096, 1000, device="cuda", dtype=torch.bfloat16))
+assert gemm._tma_ok(dy, w, torch.empty(4096, 512, device="cuda", dtype=torch.bfloat16))  # dX: B = W itself
+assert not gemm._tma_ok(x[:1000], w.t(), torch.empty(1000, 1000, device="cuda", dtype=torch.bfloat16))
 for name, f in fns.items():
     full = f(4096)
     for m in (1, 2, 3, 7, 16, 64, 256, 1000, 1023, 1024, 1031, 2912):
@@ -304,7 +307,7 @@ for n, k, rows in ((4096, 4096, 3000), (1000, 1032, 700)):
     mg[torch.rand(n, k, generator=g) < 0.05] = -0.0
     x, dy, xs, dys, mg = (t.cuda() for t in (x, dy, xs, dys, mg))
     desc = torch.from_numpy(host).cuda()
-    assert gemm._dw_tma_ok(x, dy, xs, dys)
+    assert gemm.tma_rows_ok(x, dy, xs, dys)
     outs = {}
     for i in (0, 4):
         gemm._DW.configs = gemm._DW_TMA.configs = pinned(i)
@@ -320,6 +323,60 @@ for n, k, rows in ((4096, 4096, 3000), (1000, 1032, 700)):
         assert torch.equal(bits(out), bits(ref)), (n, k, key, int((bits(out) != bits(ref)).sum()))
 print("GPU-OK")
 """
+
+
+def test_linear_logp_tma_kernels_equal_the_pointer_kernels():
+    """The forward and the backward's dlogits by TMA (Hopper: host descriptors, out-of-range rows and K columns as
+    zeros) give the pointer kernels' bits: every R here is a partial row tile, K (48) is shorter than one K block,
+    V ends inside a block. The interpreter runs both kernels; the GPU test below compares them at release shapes."""
+    h = XB[:300] * 0.3
+    for r in (1, 5, 129, 300):
+        ref = ll.fused_forward(h[:r], WV, TB[:r], tma=False)
+        got = ll.fused_forward(h[:r], WV, TB[:r], tma=True)
+        assert all(same(a, b) for a, b in zip(ref, got)), r
+    lse = ll.fused_forward(h, WV, TB[:300])[1]
+    for v0 in (0, 128, 256):  # the backward's dlogits by TMA: the last chunk ends inside a block
+        args = (h, WV[v0:v0 + 128], TB[:300], lse, GB[:300], v0, V)
+        assert same(ll.dlogits_chunk(*args, tma=False), ll.dlogits_chunk(*args, tma=True)), v0
+
+
+_GPU_FWD_SCRIPT = """
+import torch
+from gradsweep.triton_kernels import linear_logp as ll
+g = torch.Generator().manual_seed(5)
+def bits(a):
+    return a.view(torch.int32)
+for k, v in ((4096, 32017), (1032, 5000)):  # V ends inside a block; K = 1032 ends inside a K block
+    h = (torch.randn(4100, k, generator=g) * 0.05).bfloat16().cuda()
+    w = (torch.randn(v, k, generator=g) * 0.05).bfloat16().cuda()
+    t = torch.randint(-1, v, (4100,), generator=g).cuda()
+    assert ll._fwd_tma_ok(h, w)
+    full = ll.fused_forward(h, w, t, tma=False)
+    for r in (1, 3, 127, 128, 1000, 4100):
+        for tma in (False, True):
+            got = ll.fused_forward(h[:r], w, t[:r], tma=tma)
+            for a, b in zip(got, full):
+                assert torch.equal(bits(a), bits(b[:r])), (k, v, r, tma, int((bits(a) != bits(b[:r])).sum()))
+    assert torch.isfinite(full[1]).all()
+    gr = torch.randn(4100, generator=g).cuda()
+    for v0 in (0, v - v % 8192 if v > 8192 else 0):
+        wc = w[v0:v0 + 8192]
+        d = {tma: ll.dlogits_chunk(h, wc, t, full[1], gr, v0, v, tma=tma) for tma in (False, True)}
+        assert torch.equal(d[False].view(torch.int16), d[True].view(torch.int16)), (k, v, v0)
+print("GPU-OK")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_linear_logp_tma_kernels_equal_the_pointer_kernels_gpu():
+    """On the GPU the TMA forward (shipped on Hopper) and the pointer forward (other GPUs, rows TMA cannot read) give
+    the same bits for every R, each row equal to that row of the full batch; the backward's dlogits the same, on a
+    first and a last vocabulary chunk: two shapes whose K and V end inside a block, targets out of range included."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _GPU_FWD_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=900, cwd=pathlib.Path(__file__).parents[1])
+    assert "GPU-OK" in res.stdout, res.stdout + res.stderr
 
 
 @pytest.mark.gpu

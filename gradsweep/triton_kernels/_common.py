@@ -72,8 +72,10 @@ class Tuner:
         cands = self.configs(key)
         if len(cands) == 1:
             return cands[0]
-        fixed = None if scratch is None else (args if args is not None else args_for(self._meta(cands[0], consts,
-                                                                                                  k_even)))[scratch].clone()
+        fixed = None
+        if scratch is not None:  # every candidate starts from the same copy of the in-place argument
+            first = args if args is not None else args_for(self._meta(cands[0], consts, k_even))
+            fixed = first[scratch].clone()
         times = {}
         for c in cands:
             meta = self._meta(c, consts, k_even)

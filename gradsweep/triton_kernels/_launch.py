@@ -30,7 +30,8 @@ FAST_LAUNCH = os.environ.get("GRADSWEEP_FAST_LAUNCH", "1") == "1" and not INTERP
 
 def _bind(args) -> tuple[tuple, list]:
     """(specialisation key, launcher arguments): a tensor becomes its device address (once per call). The key is
-    what Triton specialises a launch on: tensor dtype and 16-byte alignment; ints == 1, % 16, width."""
+    what Triton specialises a launch on: tensor dtype and 16-byte alignment; ints == 1, % 16, width; a TMA
+    descriptor's dtype, block shape and padding."""
     spec: list = []
     out: list = []
     for a in args:
@@ -43,6 +44,8 @@ def _bind(args) -> tuple[tuple, list]:
             continue
         if isinstance(a, bool) or a is None:
             spec.append(a)
+        elif hasattr(a, "block_shape") and hasattr(a, "base"):  # a host TMA descriptor: Triton specialises on these
+            spec.append((type(a), a.base.dtype, tuple(a.block_shape), getattr(a, "padding", None)))
         elif isinstance(a, int):
             spec.append((a == 1, a % 16 == 0, -(2 ** 31) <= a < 2 ** 31, a < 2 ** 63))
         else:

@@ -139,11 +139,12 @@ _MM = Tuner(_mm_kernel, mm_configs)
 
 @triton.jit
 def _mm_tma_kernel(a_desc, w_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr):
-    """C[M,N] = A[M,K] @ W[N,K]^T: a persistent grid (at most PROGRAMS programs, tile stride PROGRAMS) walks the
-    output tiles; each tile is
-    one sequential chain over K blocks in ascending order (no split-K), fed by TMA (out-of-range rows and K
-    columns load as zeros, stores are clipped), so a row's bits are those of ``_mm_kernel`` for every M."""
+                   GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr, B_T: tl.constexpr):
+    """C[M,N] = A[M,K] @ B[K,N]: a persistent grid (at most PROGRAMS programs, tile stride PROGRAMS) walks the
+    output tiles; each tile is one sequential chain over K blocks in ascending order (no split-K), fed by TMA
+    (out-of-range rows and K columns load as zeros, stores are clipped), so a row's bits are those of ``_mm_kernel``
+    for every M. B_T: ``w_desc`` describes W [N, K] with B = W^T (the forward); else B [K, N] itself (dX: the
+    weight [N_out, K_in] is B)."""
     n_m = tl.cdiv(M, BM)
     n_n = tl.cdiv(N, BN)
     k_tiles = tl.cdiv(K, BK)
@@ -152,8 +153,12 @@ def _mm_tma_kernel(a_desc, w_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.con
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for ki in range(k_tiles):
             a = a_desc.load([pid_m * BM, ki * BK])
-            w = w_desc.load([pid_n * BN, ki * BK])
-            acc = mma(a, w.T, acc)
+            if B_T:
+                w = w_desc.load([pid_n * BN, ki * BK])
+                acc = mma(a, w.T, acc)
+            else:
+                b = w_desc.load([ki * BK, pid_n * BN])
+                acc = mma(a, b, acc)
         c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_desc.dtype))
 
 
@@ -163,37 +168,45 @@ _TMA_DTYPES = (torch.bfloat16, torch.float16)  # an fp32 C tile would not fit in
 _SMS: dict[int, int] = {}
 
 
-def _tma_ok(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether the TMA kernel can take this call: GPU, M >= TMA_MIN_M, a [M,K] and w [N,K] contiguous 16-bit,
-    out contiguous, base addresses 16-byte aligned and row pitches multiples of 16 bytes (TMA's rules)."""
+def _tma_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether the TMA kernel can take out = a @ b: a Hopper-class GPU, M >= TMA_MIN_M, a [M,K] contiguous 16-bit,
+    b [K,N] a contiguous [N,K] weight seen transposed or contiguous itself, out contiguous, and TMA's rules on each
+    (``_tma_rows``)."""
     # the row count first (every small-M launch asks; ``a.device`` would build a torch.device object)
-    if a.shape[0] < TMA_MIN_M or INTERPRET or TensorDescriptor is None or not a.is_cuda:
+    if a.shape[0] < TMA_MIN_M or INTERPRET or TensorDescriptor is None or not a.is_cuda or _capability(a) < 9:
         return False
-    if a.dtype not in (torch.bfloat16, torch.float16) or w.dtype != a.dtype or out.dtype not in _TMA_DTYPES:
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype or out.dtype not in _TMA_DTYPES:
         return False
-    if not (a.is_contiguous() and w.is_contiguous() and out.is_contiguous()):
-        return False
-    k, n = a.shape[1], w.shape[0]
-    return (k * 2) % 16 == 0 and (n * out.element_size()) % 16 == 0 and all(
-        t.data_ptr() % 16 == 0 for t in (a, w, out))
+    rows = b.t() if b.stride(0) == 1 else b  # the weight's own rows
+    return (a.is_contiguous() and rows.is_contiguous() and out.is_contiguous()
+            and all(map(_tma_rows, (a, rows, out))))
 
 
-def _launch_mm_tma(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out = a @ w.T through ``_mm_tma_kernel`` (``_tma_ok`` holds)."""
+def _tma_rows(t: torch.Tensor) -> bool:
+    """TMA's rules for a tensor read or written as whole rows: base address and row pitch multiples of 16 bytes."""
+    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+def _launch_mm_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = a @ b through ``_mm_tma_kernel`` (``_tma_ok`` holds): b [K, N] a transposed weight or contiguous."""
     m, k = a.shape
-    n = w.shape[0]
+    n = b.shape[1]
     cfg = _TMA_CFG
     dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
     if dev not in _SMS:
         _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
     sms = _SMS[dev]  # the tile stride of every program (one compiled kernel per device)
+    b_t = b.stride(0) == 1
     a_desc = TensorDescriptor(a, [m, k], [k, 1], [cfg["BM"], cfg["BK"]])
-    w_desc = TensorDescriptor(w, [n, k], [k, 1], [cfg["BN"], cfg["BK"]])
+    if b_t:
+        b_desc = TensorDescriptor(b.t(), [n, k], [k, 1], [cfg["BN"], cfg["BK"]])
+    else:
+        b_desc = TensorDescriptor(b, [k, n], [n, 1], [cfg["BK"], cfg["BN"]])
     c_desc = TensorDescriptor(out, [m, n], [n, 1], [cfg["BM"], cfg["BN"]])
     _ensure_allocator()
     # the plain launch path: it keys the compiled kernel on the descriptors' dtypes and block shapes
     grid = (min(sms, cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"])),)
-    _mm_tma_kernel[grid](a_desc, w_desc, c_desc, m, n, k, **cfg, PROGRAMS=sms, num_warps=_TMA_WARPS,
+    _mm_tma_kernel[grid](a_desc, b_desc, c_desc, m, n, k, **cfg, PROGRAMS=sms, B_T=b_t, num_warps=_TMA_WARPS,
                          num_stages=_TMA_STAGES)
     return out
 
@@ -220,8 +233,8 @@ def _launch_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_in: bool
         return out
     if k == 0:
         return out if acc_in else out.zero_()
-    if not acc_in and b.stride(0) == 1 and _tma_ok(a, b.t(), out):  # b is a weight [N, K] seen as [K, N]
-        return _launch_mm_tma(a, b.t(), out)
+    if not acc_in and _tma_ok(a, b, out):  # b: a weight [N, K] seen as [K, N] (forward), or [K, N] itself (dX)
+        return _launch_mm_tma(a, b, out)
     hint = b.stride(1) == 1 and n % 8 == 0
     args = [a, b, out, m, n, loop_bound(k), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             out.stride(0), out.stride(1)]
@@ -255,6 +268,13 @@ def matmul_accumulate(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> to
 
 
 @triton.jit
+def _tile(DESC, t):
+    """Tile t's descriptor ``(row0, count)``. The dW folds load it one iteration ahead of its use: the tile loads then
+    depend on a loop-carried value, not on a load of the same iteration, and are pipelined like a plain GEMM's."""
+    return tl.load(DESC + 2 * t), tl.load(DESC + 2 * t + 1)
+
+
+@triton.jit
 def _dw_kernel(DESC, X, DY, XS, DYS, G, n_tiles, N, K,
                s_x, s_dy, s_g,
                BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, GROUP_M: tl.constexpr):
@@ -262,10 +282,8 @@ def _dw_kernel(DESC, X, DY, XS, DYS, G, n_tiles, N, K,
 
     Tile t is ``DESC[t] = (row0, count)``: slots 0..count-1 are rows row0.. of X / DY, or rows -row0-1.. of
     the staging XS / DYS (same row strides) when row0 < 0; slots past count are zero rows (masked loads).
-    The reduction axis is the token axis: one canonical tile (BT tokens) per iteration, no split.
-    The next tile's descriptor is loaded one iteration ahead: the gather loads then depend on a
-    loop-carried value, not on a load of the same iteration, and the compiler pipelines them several
-    stages deep like a plain GEMM.
+    The reduction axis is the token axis: one canonical tile (BT tokens) per iteration, no split; the next
+    tile's descriptor is loaded one iteration ahead (``_tile``).
     """
     pid_n, pid_k = tile_ids(tl.program_id(0), tl.cdiv(N, BN), tl.cdiv(K, BK), GROUP_M)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -277,14 +295,11 @@ def _dw_kernel(DESC, X, DY, XS, DYS, G, n_tiles, N, K,
     g_mask = n_ok[:, None] & k_ok[None, :]
     acc = tl.load(g_ptr, mask=g_mask, other=0.0)  # main grad loaded BEFORE the fold
     last = n_tiles - 1
-    nxt_row0 = tl.load(DESC)
-    nxt_count = tl.load(DESC + 1)
+    nxt_row0, nxt_count = _tile(DESC, 0)
     for t in range(0, n_tiles):
         row0 = nxt_row0
         count = nxt_count
-        ahead = tl.minimum(t + 1, last) * 2
-        nxt_row0 = tl.load(DESC + ahead)
-        nxt_count = tl.load(DESC + ahead + 1)
+        nxt_row0, nxt_count = _tile(DESC, tl.minimum(t + 1, last))
         staged = row0 < 0
         row = tl.where(staged, -row0 - 1, row0).to(tl.int64) + rt
         live = rt < count
@@ -316,14 +331,11 @@ def _dw_tma_kernel(DESC, dy_desc, x_desc, G, n_tiles, N, K, s_g, staged,
     g_mask = (rn < N)[:, None] & (rk < K)[None, :]
     acc = tl.load(g_ptr, mask=g_mask, other=0.0)  # main grad loaded BEFORE the fold
     last = n_tiles - 1
-    nxt_row0 = tl.load(DESC)
-    nxt_count = tl.load(DESC + 1)
+    nxt_row0, nxt_count = _tile(DESC, 0)
     for t in range(0, n_tiles):
         row0 = nxt_row0
         count = nxt_count
-        ahead = tl.minimum(t + 1, last) * 2
-        nxt_row0 = tl.load(DESC + ahead)
-        nxt_count = tl.load(DESC + ahead + 1)
+        nxt_row0, nxt_count = _tile(DESC, tl.minimum(t + 1, last))
         first = tl.where(staged != 0, -row0 - 1, row0)
         skip = BT - count
         dy = dy_desc.load([first - skip, skip, pid_n * BN]).reshape(BT, BN)
@@ -400,7 +412,7 @@ def dw_fold_tiles(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_gr
 
     def grid(meta):
         return (cdiv(n, meta["BN"]) * cdiv(k, meta["BK"]),)
-    if host_desc is None or not _dw_tma_ok(x, dy, xs, dys):
+    if host_desc is None or not tma_rows_ok(x, dy, xs, dys):
         _DW((n, k, bt, x.dtype, dy.dtype), grid, args, {"BT": bt}, scratch=5)
         return main_grad
     for a, b, kind in stretches(host_desc, bt):  # each launch loads and stores the accumulator exactly
@@ -432,20 +444,21 @@ def stretches(host_desc: np.ndarray, tile: int) -> list[tuple[int, int, int]]:
     return [(a, b, int(kind[a])) for a, b in itertools.pairwise(cuts)]
 
 
-def _dw_tma_ok(*tensors: torch.Tensor) -> bool:
-    """Whether the TMA fold can read these row tensors: a Hopper-class GPU, bf16 / fp16, row pitches and base
-    addresses 16-byte aligned (TMA's rules; the rows of a window are whole rows of the tensor)."""
+def tma_rows_ok(*tensors: torch.Tensor) -> bool:
+    """Whether TMA can read these row tensors (the dW fold's row windows, linear_logp's forward): a Hopper-class
+    GPU, bf16 / fp16, TMA's rules on each (``_tma_rows``: a box holds whole rows), row counts int32 can index."""
     t0 = tensors[0]
     if not t0.is_cuda or TensorDescriptor is None or _capability(t0) < 9:
         return False
-    return all(t.dtype in (torch.bfloat16, torch.float16) and (t.stride(0) * t.element_size()) % 16 == 0
-               and t.data_ptr() % 16 == 0 and t.shape[0] < 2 ** 31 - TILE for t in tensors)
+    return all(t.dtype in (torch.bfloat16, torch.float16) and _tma_rows(t) and t.shape[0] < 2 ** 31 - TILE
+               for t in tensors)
 
 
 _CAPABILITY: dict[int, int] = {}
 
 
 def _capability(t: torch.Tensor) -> int:
+    """The major compute capability of t's GPU (cached per device: the driver query costs microseconds)."""
     dev = t.get_device()
     if dev not in _CAPABILITY:
         _CAPABILITY[dev] = torch.cuda.get_device_capability(dev)[0]

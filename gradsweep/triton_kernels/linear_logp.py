@@ -24,8 +24,16 @@ import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold, run_function
-from gradsweep.triton_kernels._common import INTERPRET, Tuner, cdiv, loop_bound, m_bucket, tile_ids, to_out
-from gradsweep.triton_kernels.gemm import TILE, dw_fold_tiles, k_loop, matmul_accumulate, mm_configs
+from gradsweep.triton_kernels._common import INTERPRET, Tuner, cdiv, loop_bound, m_bucket, mma, tile_ids, to_out
+from gradsweep.triton_kernels.gemm import (
+    TILE,
+    TensorDescriptor,
+    dw_fold_tiles,
+    k_loop,
+    matmul_accumulate,
+    mm_configs,
+    tma_rows_ok,
+)
 
 __all__ = ["TILE", "linear_logp"]
 # Pinned forward configuration (a row's log-sum-exp order follows it): never a function of R.
@@ -75,6 +83,42 @@ def _fused_fwd_kernel(H, W, T, PM, PS, PT, R, V, K, n_chunks, s_h, s_w,
 
 
 @triton.jit
+def _fused_fwd_tma_kernel(h_desc, w_desc, T, PM, PS, PT, R, V, k_tiles, n_chunks,
+                          VCHUNK: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):
+    """``_fused_fwd_kernel`` fed by TMA (host descriptors of H [R, K] and W [V, K]): the same logits tiles, each one
+    ascending chain of BK-wide tensor-core steps over K (rows past R and columns past K load as zeros), the same
+    epilogue; the GEMM family's persistent TMA kernel gives ``_mm_kernel``'s bits the same way."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(R, BM)
+    pid_m = pid % num_m  # row tiles fastest: concurrent programs share the chunk's weight rows
+    c = pid // num_m
+    rm = pid_m * BM + tl.arange(0, BM)
+    t = tl.load(T + tl.where(rm < R, rm, 0).to(tl.int64))
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    s = tl.zeros((BM,), tl.float32)
+    xt = tl.zeros((BM,), tl.float32)
+    for i in range(0, VCHUNK // BV):  # constexpr trip count; blocks past V are skipped
+        vb = c * VCHUNK + i * BV
+        if vb < V:
+            acc = tl.zeros((BM, BV), tl.float32)
+            for ki in range(0, k_tiles):
+                a = h_desc.load([pid_m * BM, ki * BK])
+                w = w_desc.load([vb, ki * BK])
+                acc = mma(a, w.T, acc)
+            rv = vb + tl.arange(0, BV)
+            logits = tl.where(rv[None, :] < V, acc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(logits, 1))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(logits - m_new[:, None]), 1)
+            m = m_new
+            xt += tl.sum(tl.where(rv[None, :] == t[:, None], acc, 0.0), 1)
+    ok = rm < R
+    off = rm.to(tl.int64) * n_chunks + c
+    tl.store(PM + off, m, mask=ok)
+    tl.store(PS + off, s, mask=ok)
+    tl.store(PT + off, xt, mask=ok)
+
+
+@triton.jit
 def _combine_kernel(PM, PS, PT, T, OUT, LSE, R, V, n_chunks, BR: tl.constexpr):
     """Fold the chunks' partial log-sum-exp in chunk order (element-wise over rows)."""
     rr = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -98,8 +142,9 @@ def _combine_kernel(PM, PS, PT, T, OUT, LSE, R, V, n_chunks, BR: tl.constexpr):
 
 
 def fused_forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                  cfg: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp fp32 [R], lse fp32 [R]) without materialising logits.  ``cfg`` overrides FWD_CFG (benchmarks)."""
+                  cfg: dict | None = None, tma: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp fp32 [R], lse fp32 [R]) without materialising logits.  ``cfg`` overrides FWD_CFG and ``tma`` the
+    choice of the TMA kernel (benchmarks and the GPU test that compares the two kernels' bits)."""
     cfg = dict(FWD_CFG if cfg is None else cfg)
     r, k = hidden.shape
     v = weight.shape[0]
@@ -110,12 +155,25 @@ def fused_forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     part = torch.empty(3, r, n_chunks, dtype=torch.float32, device=hidden.device)
     warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     grid = (cdiv(r, cfg["BM"]) * n_chunks,)
-    _fused_fwd_kernel[grid](hidden, weight, targets, part[0], part[1], part[2], r, v, loop_bound(k), n_chunks,
-                            hidden.stride(0), weight.stride(0), **cfg, EVEN_K=k % cfg["BK"] == 0,
-                            num_warps=warps, num_stages=stages)
+    if tma if tma is not None else _fwd_tma_ok(hidden, weight):
+        h_desc = TensorDescriptor(hidden, [r, k], [hidden.stride(0), 1], [cfg["BM"], cfg["BK"]])
+        w_desc = TensorDescriptor(weight, [v, k], [weight.stride(0), 1], [cfg["BV"], cfg["BK"]])
+        _fused_fwd_tma_kernel[grid](h_desc, w_desc, targets, part[0], part[1], part[2], r, v,
+                                    loop_bound(cdiv(k, cfg["BK"])), n_chunks, **cfg, num_warps=warps,
+                                    num_stages=stages)
+    else:
+        _fused_fwd_kernel[grid](hidden, weight, targets, part[0], part[1], part[2], r, v, loop_bound(k), n_chunks,
+                                hidden.stride(0), weight.stride(0), **cfg, EVEN_K=k % cfg["BK"] == 0,
+                                num_warps=warps, num_stages=stages)
     _combine_kernel[(cdiv(r, _COMBINE_ROWS),)](part[0], part[1], part[2], targets, out, lse, r, v,
                                                        loop_bound(n_chunks), BR=_COMBINE_ROWS, num_warps=4)
     return out, lse
+
+
+def _fwd_tma_ok(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the forward runs by TMA: on a Hopper-class GPU, with bf16 / fp16 rows TMA can read (``tma_rows_ok``)."""
+    return (not INTERPRET and weight.dtype == hidden.dtype and hidden.shape[1] > 0 and weight.shape[0] > 0
+            and tma_rows_ok(hidden, weight))
 
 
 @triton.jit
@@ -144,28 +202,74 @@ def _dlogits_kernel(H, W, T, LSE, G, D, M, N, K, v0, V,
     tl.store(d_ptr, to_out(d, D.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _dlogits_tma_kernel(h_desc, w_desc, T, LSE, G, D, M, N, k_tiles, v0, V, s_d,
+                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """``_dlogits_kernel`` fed by TMA (host descriptors of H [M, K] and the chunk's W rows [N, K]): the same
+    products in the same ascending chain over K blocks (out-of-range rows and K columns load as zeros), the same
+    epilogue, so the same bits."""
+    pid_m, pid_n = tile_ids(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for ki in range(0, k_tiles):
+        a = h_desc.load([pid_m * BM, ki * BK])
+        w = w_desc.load([pid_n * BN, ki * BK])
+        acc = mma(a, w.T, acc)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    am = tl.where(rm < M, rm, 0).to(tl.int64)
+    t = tl.load(T + am)
+    g = tl.load(G + am)
+    g = tl.where((t >= 0) & (t < V), g, 0.0)
+    lse = tl.load(LSE + am)
+    hit = (v0 + rn)[None, :] == t[:, None]
+    d = g[:, None] * (tl.where(hit, 1.0, 0.0) - tl.exp(acc - lse[:, None]))
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    d_ptr = D + rm.to(tl.int64)[:, None] * s_d + rn[None, :]
+    tl.store(d_ptr, to_out(d, D.dtype.element_ty), mask=mask)
+
+
 _DLOGITS = Tuner(_dlogits_kernel, mm_configs)
+_DLOGITS_TMA = Tuner(_dlogits_tma_kernel, mm_configs)
 
 
 def dlogits_chunk(hidden: torch.Tensor, w_chunk: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
-                  g: torch.Tensor, v0: int, vocab: int) -> torch.Tensor:
-    """bf16 dlogits [S, chunk] of vocabulary columns v0 .. v0 + chunk - 1 (recomputed logits)."""
+                  g: torch.Tensor, v0: int, vocab: int, tma: bool | None = None) -> torch.Tensor:
+    """bf16 dlogits [S, chunk] of vocabulary columns v0 .. v0 + chunk - 1 (recomputed logits); ``tma`` overrides
+    the choice of the TMA kernel (benchmarks, the GPU test)."""
     m, k = hidden.shape
     n = w_chunk.shape[0]
     d = torch.empty(m, n, dtype=hidden.dtype, device=hidden.device)
     if m == 0 or n == 0:
         return d
-    args = [hidden, w_chunk, targets, lse, g, d, m, n, loop_bound(k), v0, vocab,
-            hidden.stride(0), w_chunk.stride(0), d.stride(0)]
-    if INTERPRET:
+    if INTERPRET and not tma:
         cfg = _CPU_DLOG
         grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]),)
-        _dlogits_kernel[grid](*args, **cfg, EVEN_K=k % cfg["BK"] == 0)
+        _dlogits_kernel[grid](hidden, w_chunk, targets, lse, g, d, m, n, loop_bound(k), v0, vocab,
+                              hidden.stride(0), w_chunk.stride(0), d.stride(0), **cfg, EVEN_K=k % cfg["BK"] == 0)
+        return d
+
+    def grid(meta):
+        return (cdiv(m, meta["BM"]) * cdiv(n, meta["BN"]),)
+    if INTERPRET:  # the TMA kernel under the interpreter (tests): the pinned CPU tiles
+        cfg = _CPU_DLOG
+        _dlogits_tma_kernel[grid(cfg)](*_dlogits_descs(hidden, w_chunk, cfg), targets, lse, g, d, m, n,
+                                       loop_bound(cdiv(k, cfg["BK"])), v0, vocab, d.stride(0), **cfg)
+    elif tma if tma is not None else _fwd_tma_ok(hidden, w_chunk):
+        def args_for(meta: dict) -> list:
+            return [*_dlogits_descs(hidden, w_chunk, meta), targets, lse, g, d, m, n, cdiv(k, meta["BK"]), v0, vocab,
+                    d.stride(0)]
+        _DLOGITS_TMA((m_bucket(m), n, k, hidden.dtype), grid, None, {}, args_for=args_for)
     else:
-        def grid(meta):
-            return (cdiv(m, meta["BM"]) * cdiv(n, meta["BN"]),)
+        args = [hidden, w_chunk, targets, lse, g, d, m, n, k, v0, vocab, hidden.stride(0), w_chunk.stride(0),
+                d.stride(0)]
         _DLOGITS((m_bucket(m), n, k, hidden.dtype), grid, args, {}, k_even=k)
     return d
+
+
+def _dlogits_descs(hidden: torch.Tensor, w_chunk: torch.Tensor, meta: dict) -> tuple:
+    """Host TMA descriptors of H and the chunk's weight rows, boxes of the configuration's tiles."""
+    return (TensorDescriptor(hidden, list(hidden.shape), [hidden.stride(0), 1], [meta["BM"], meta["BK"]]),
+            TensorDescriptor(w_chunk, list(w_chunk.shape), [w_chunk.stride(0), 1], [meta["BN"], meta["BK"]]))
 
 
 class LinearLogpFn(torch.autograd.Function):
