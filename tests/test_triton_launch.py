@@ -145,6 +145,24 @@ def test_hook_detection_reads_tritons_hook_chains() -> None:
     assert _launch._hook_set(print)  # a plain hook function (older Triton)
 
 
+def test_a_tma_descriptor_is_keyed_by_dtype_block_and_padding() -> None:
+    """Triton specialises a host TMA descriptor argument on its dtype, block shape and padding (the kernel's
+    signature is ``tensordesc<bf16[64, 128]>``): a descriptor of another dtype or block must not reuse the compiled
+    kernel of the first. The descriptor itself goes to the launcher (Triton's wrapped launcher encodes it)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    base = torch.zeros(256, 128, dtype=torch.bfloat16)
+    desc = TensorDescriptor(base, [256, 128], [128, 1], [64, 128])
+    key, bound = _launch._bind([desc, 7])
+    assert bound[0] is desc
+    others = [TensorDescriptor(base, [256, 128], [128, 1], [32, 128]),
+              TensorDescriptor(base.half(), [256, 128], [128, 1], [64, 128]),
+              TensorDescriptor(base, [256, 128], [128, 1], [64, 128], padding="nan")]
+    assert all(_launch._bind([d, 7])[0] != key for d in others)
+    same = TensorDescriptor(torch.ones(512, 128, dtype=torch.bfloat16), [512, 128], [128, 1], [64, 128])
+    assert _launch._bind([same, 7])[0] == key  # shape and address are runtime values, not the specialisation
+
+
 def test_a_tensor_off_the_gpu_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="tensor on cpu"):
         _launch._bind([torch.zeros(2), 3])
