@@ -51,6 +51,10 @@ LOGP_FWD_TYPES = {"L": "*bf16", "T": "*i64", "OUT": "*fp32", "LSE": "*fp32", "R"
 LOGP_BWD_TYPES = {"L": "*bf16", "T": "*i64", "LSE": "*fp32", "G": "*fp32", "D": "*bf16", "R": "i32", "V": "i32",
                   "s_l": "i32", "s_d": "i32"}
 FOLD_TYPES = {"part_ptr": "*fp32", "acc_ptr": "*fp32", "n_tiles": "i32", "n_cols": "i32"}
+FWD_TMA_TYPES = {"T": "*i64", "PM": "*fp32", "PS": "*fp32", "PT": "*fp32", "R": "i32", "V": "i32", "k_tiles": "i32",
+                 "n_chunks": "i32"}
+DLOG_TMA_TYPES = {"T": "*i64", "LSE": "*fp32", "G": "*fp32", "D": "*bf16", "M": "i32", "N": "i32", "k_tiles": "i32",
+                  "v0": "i32", "V": "i32", "s_d": "i32"}
 DW_TMA_TYPES = {"DESC": "*i32", "G": "*fp32", "n_tiles": "i32", "N": "i32", "K": "i32", "s_g": "i32",
                 "staged": "i32"}
 TMA_TYPES = {"a_desc": "tensordesc<bf16[128,64]>", "w_desc": "tensordesc<bf16[256,64]>",
@@ -79,6 +83,15 @@ def specs() -> list[tuple[str, str, dict, dict, int, int, str]]:
     for even in (True, False):
         out.append(("linear_logp", "_fused_fwd_kernel", FWD_TYPES, {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 2048,
                                                                     "EVEN_K": even}, 8, 3, f"fused fwd even={even}"))
+    if hasattr(importlib.import_module("gradsweep.triton_kernels.linear_logp"), "_fused_fwd_tma_kernel"):
+        types = {**FWD_TMA_TYPES, "h_desc": "tensordesc<bf16[128,64]>", "w_desc": "tensordesc<bf16[256,64]>"}
+        out.append(("linear_logp", "_fused_fwd_tma_kernel", types, {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 2048},
+                    8, 3, "fused fwd by TMA"))
+        for bm, bn, bk, w, s in GEMM_TILES:
+            types = {**DLOG_TMA_TYPES, "h_desc": f"tensordesc<bf16[{bm},{bk}]>",
+                     "w_desc": f"tensordesc<bf16[{bn},{bk}]>"}
+            out.append(("linear_logp", "_dlogits_tma_kernel", types, {"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8},
+                        w, s, "dlogits by TMA"))
     out.append(("linear_logp", "_combine_kernel", COMBINE_TYPES, {"BR": 128}, 4, 3, "combine"))
     out.append(("logp", "_logp_fwd_kernel", LOGP_FWD_TYPES, {"ROWS": 1, "BLOCK": 4096}, 8, 2, "logp fwd"))
     out.append(("logp", "_logp_bwd_kernel", LOGP_BWD_TYPES, {"ROWS": 1, "BLOCK": 2048, "SOFT_RNE": False}, 4, 3,
