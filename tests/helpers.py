@@ -1,8 +1,12 @@
-"""Shared test helpers: small manifests written to a temp dir; the refusals both attention APIs share."""
+"""Shared test helpers: small manifests written to a temp dir; the refusals both attention APIs share; a script run
+in a clean process with compiled kernels (the GPU tests)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,6 +18,18 @@ import yaml
 from gradsweep import canonical
 from gradsweep.canonical import RowIdentity
 from gradsweep.manifest import MANIFEST_DIR, load_manifest
+from tests.fakes.helpers import REPO
+
+
+def run_compiled(script: str, timeout: float, drop: tuple[str, ...] = ("TRITON_INTERPRET",),
+                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -c script`` from the repository root in a fresh process without ``drop``'s variables (so Triton
+    compiles for the GPU instead of interpreting: TRITON_INTERPRET is read when a kernel is decorated), plus
+    ``env``; the caller checks the output for its own marker."""
+    run_env = {k: v for k, v in os.environ.items() if k not in drop} | dict(env or {})
+    return subprocess.run([sys.executable, "-c", script], env=run_env, capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
 
 LENGTHS = [37, 5, 64, 1, 23]
 CHUNKS = [[20, 17], [2, 3], [1, 30, 33], [1], [10, 6, 7]]

@@ -16,9 +16,6 @@ if os.environ.get("GRADSWEEP_HF_DEVICE", "cpu") == "cpu":
 os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the hub
 
 import math
-import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -31,6 +28,7 @@ from gradsweep.manifest import MANIFEST_DIR
 from gradsweep.nn import Qwen3Decoder, new_context, reference_logp
 from gradsweep.nn.hf import chain_weights, hf_gradients, hf_name, shape_from_config
 from gradsweep.nn.qwen3 import WEIGHTS
+from tests.helpers import run_compiled
 
 TINY = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
@@ -175,7 +173,5 @@ print("\\n".join(bad) if bad else "HF-OK")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_chain_matches_transformers_qwen3_8b_shape_gpu():
     """Qwen3-8B's layer shape, 2 layers, random weights, compiled Triton kernels (a clean process)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"GRADSWEEP_HF_DEVICE": "cuda"}
-    res = subprocess.run([sys.executable, "-c", _GPU_SCRIPT], env=env, capture_output=True, text=True, timeout=1500,
-                         cwd=pathlib.Path(__file__).parents[1])
+    res = run_compiled(_GPU_SCRIPT, timeout=1500, env={"GRADSWEEP_HF_DEVICE": "cuda"})
     assert "HF-OK" in res.stdout, res.stdout[-4000:] + res.stderr[-4000:]

@@ -11,9 +11,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any triton kernel module is imported
 
-import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,6 +24,7 @@ from gradsweep.triton_kernels import gemm
 from gradsweep.triton_kernels import linear_logp as ll
 from gradsweep.triton_kernels import logp as lp
 from gradsweep.triton_kernels.lm_head import lm_head
+from tests.helpers import run_compiled
 
 K, N, V = 48, 80, 300
 MS = (1, 2, 3, 7, 16, 64, 256, 1000)
@@ -274,9 +272,7 @@ print("GPU-OK")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_m_independence_gpu():
     """The compiled kernels (no interpreter) on the GPU, M up to 4096, in a clean process."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _GPU_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=900, cwd=pathlib.Path(__file__).parents[1])
+    res = run_compiled(_GPU_SCRIPT, timeout=900)
     assert "GPU-OK" in res.stdout, res.stdout + res.stderr
 
 
@@ -373,9 +369,7 @@ def test_linear_logp_tma_kernels_equal_the_pointer_kernels_gpu():
     """On the GPU the TMA forward (shipped on Hopper) and the pointer forward (other GPUs, rows TMA cannot read) give
     the same bits for every R, each row equal to that row of the full batch; the backward's dlogits the same, on a
     first and a last vocabulary chunk: two shapes whose K and V end inside a block, targets out of range included."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _GPU_FWD_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=900, cwd=pathlib.Path(__file__).parents[1])
+    res = run_compiled(_GPU_FWD_SCRIPT, timeout=900)
     assert "GPU-OK" in res.stdout, res.stdout + res.stderr
 
 
@@ -388,7 +382,5 @@ def test_dw_tma_fold_equals_the_gather_fold_gpu():
     configurations: short tiles at row 0 of the call's rows and of the staging rows, one-row tiles, a tile ending
     at the last row, stretches and alternations of the two sources, NaN in every row no tile reads (a window
     that read past its tile would show), a main grad with -0.0 entries."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _GPU_DW_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=900, cwd=pathlib.Path(__file__).parents[1])
+    res = run_compiled(_GPU_DW_SCRIPT, timeout=900)
     assert "GPU-OK" in res.stdout, res.stdout + res.stderr

@@ -6,16 +6,13 @@ bits with a plain launch of a real kernel."""
 
 from __future__ import annotations
 
-import os
-import pathlib
-import subprocess
-import sys
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
 from gradsweep.triton_kernels import _launch
+from tests.helpers import run_compiled
 
 
 @dataclass
@@ -213,9 +210,7 @@ print("GPU-OK")
 def test_gpu_direct_launch_bits_equal_a_plain_launch() -> None:
     """Compiled kernels (no interpreter, so in a clean process): direct launches give a plain launch's bits, and a
     launch hook set later runs (the runner's path)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "GRADSWEEP_FAST_LAUNCH")}
-    res = subprocess.run([sys.executable, "-c", _GPU_SCRIPT], env=env, capture_output=True, text=True, timeout=300,
-                         cwd=pathlib.Path(__file__).parents[1])
+    res = run_compiled(_GPU_SCRIPT, timeout=300, drop=("TRITON_INTERPRET", "GRADSWEEP_FAST_LAUNCH"))
     assert "GPU-OK" in res.stdout, res.stdout + res.stderr
 
 
