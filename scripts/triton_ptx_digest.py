@@ -36,6 +36,7 @@ from triton.compiler import ASTSource
 TARGET = GPUTarget("cuda", 90, 32)
 
 # (module, kernel, runtime argument types, constants (runtime ints specialised to 1, constexprs), warps, stages)
+DW_TILES = [(128, 256, 8, 3), (256, 128, 8, 4), (128, 128, 4, 4)]  # (BN, BK, warps, stages) of both dW folds
 GEMM_TILES = [(16, 64, 128, 4, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]
 MM_TYPES = {"A": "*bf16", "B": "*bf16", "C": "*bf16", "M": "i32", "N": "i32", "K": "i32", "s_am": "i32",
             "s_ak": "i32", "s_bk": "i32", "s_bn": "i32", "s_cm": "i32", "s_cn": "i32"}
@@ -78,7 +79,7 @@ def specs() -> list[tuple[str, str, dict, dict, int, int, str]]:
         for even in (True, False):
             out.append(("linear_logp", "_dlogits_kernel", DLOG_TYPES, {**tile, "EVEN_K": even}, w, s,
                         f"dlogits even={even}"))
-    for bn, bk, w, s in [(128, 256, 8, 3), (256, 128, 8, 4), (128, 128, 4, 4)]:
+    for bn, bk, w, s in DW_TILES:
         out.append(("gemm", "_dw_kernel", DW_TYPES, {"BN": bn, "BK": bk, "BT": 64, "GROUP_M": 8}, w, s, "dW fold"))
     for even in (True, False):
         out.append(("linear_logp", "_fused_fwd_kernel", FWD_TYPES, {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 2048,
@@ -101,7 +102,7 @@ def specs() -> list[tuple[str, str, dict, dict, int, int, str]]:
         out.append(("gemm", "_mm_tma_kernel", TMA_TYPES, {"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8,
                                                          "PROGRAMS": 132, "B_T": True}, 8, 3, "TMA fwd"))
     if hasattr(importlib.import_module("gradsweep.triton_kernels.gemm"), "_dw_tma_kernel"):
-        for bn, bk, w, s in [(128, 256, 8, 3), (256, 128, 8, 4), (128, 128, 4, 4)]:
+        for bn, bk, w, s in DW_TILES:
             types = {**DW_TMA_TYPES, "dy_desc": f"tensordesc<bf16[1,64,{bn}]>",
                      "x_desc": f"tensordesc<bf16[1,64,{bk}]>"}
             out.append(("gemm", "_dw_tma_kernel", types, {"BN": bn, "BK": bk, "BT": 64, "GROUP_M": 8}, w, s,
