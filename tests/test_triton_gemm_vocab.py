@@ -346,7 +346,7 @@ for k, v in ((4096, 32017), (1032, 5000)):  # V ends inside a block; K = 1032 en
     h = (torch.randn(4100, k, generator=g) * 0.05).bfloat16().cuda()
     w = (torch.randn(v, k, generator=g) * 0.05).bfloat16().cuda()
     t = torch.randint(-1, v, (4100,), generator=g).cuda()
-    assert ll._fwd_tma_ok(h, w)
+    assert ll._use_tma(None, h, w)
     full = ll.fused_forward(h, w, t, tma=False)
     for r in (1, 3, 127, 128, 1000, 4100):
         for tma in (False, True):

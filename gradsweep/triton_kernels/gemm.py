@@ -52,7 +52,17 @@ except ImportError:  # pragma: no cover - older triton
 
 from gradsweep.canonical import CanonicalFold, RowIdentity, TileStep
 from gradsweep.kernel_api import check_linear, require_fold, run_function
-from gradsweep.triton_kernels._common import INTERPRET, Tuner, cdiv, loop_bound, m_bucket, mma, tile_ids, to_out
+from gradsweep.triton_kernels._common import (
+    INTERPRET,
+    FastLaunch,
+    Tuner,
+    cdiv,
+    loop_bound,
+    m_bucket,
+    mma,
+    tile_ids,
+    to_out,
+)
 
 TILE = 64  # canonical token tile of the dW fold (the fold kernel's K block equals it)
 
@@ -204,11 +214,14 @@ def _launch_mm_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch
         b_desc = TensorDescriptor(b, [k, n], [n, 1], [cfg["BK"], cfg["BN"]])
     c_desc = TensorDescriptor(out, [m, n], [n, 1], [cfg["BM"], cfg["BN"]])
     _ensure_allocator()
-    # the plain launch path: it keys the compiled kernel on the descriptors' dtypes and block shapes
+    # the direct launch path (FastLaunch keys the compiled kernel on the descriptors' dtypes and block shapes;
+    # Triton's wrapped launcher encodes the descriptors at each launch)
     grid = (min(sms, cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"])),)
-    _mm_tma_kernel[grid](a_desc, b_desc, c_desc, m, n, k, **cfg, PROGRAMS=sms, B_T=b_t, num_warps=_TMA_WARPS,
-                         num_stages=_TMA_STAGES)
+    _MM_TMA(grid, [a_desc, b_desc, c_desc, m, n, k], {**cfg, "PROGRAMS": sms, "B_T": b_t}, _TMA_WARPS, _TMA_STAGES)
     return out
+
+
+_MM_TMA = FastLaunch(_mm_tma_kernel)
 
 
 def _torch_scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -268,6 +281,15 @@ def matmul_accumulate(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> to
 
 
 @triton.jit
+def _main_grad_tile(G, rn, rk, N, K, s_g):
+    """The dW folds' output tile of the FP32 main grad: (pointers, mask, its values), LOADED before the fold so the
+    fold continues the accumulator's one chain."""
+    g_ptr = G + rn.to(tl.int64)[:, None] * s_g + rk[None, :]
+    g_mask = (rn < N)[:, None] & (rk < K)[None, :]
+    return g_ptr, g_mask, tl.load(g_ptr, mask=g_mask, other=0.0)
+
+
+@triton.jit
 def _tile(DESC, t):
     """Tile t's descriptor ``(row0, count)``. The dW folds load it one iteration ahead of its use: the tile loads then
     depend on a loop-carried value, not on a load of the same iteration, and are pipelined like a plain GEMM's."""
@@ -291,9 +313,7 @@ def _dw_kernel(DESC, X, DY, XS, DYS, G, n_tiles, N, K,
     rt = tl.arange(0, BT)
     n_ok = rn < N
     k_ok = rk < K
-    g_ptr = G + rn.to(tl.int64)[:, None] * s_g + rk[None, :]
-    g_mask = n_ok[:, None] & k_ok[None, :]
-    acc = tl.load(g_ptr, mask=g_mask, other=0.0)  # main grad loaded BEFORE the fold
+    g_ptr, g_mask, acc = _main_grad_tile(G, rn, rk, N, K, s_g)
     last = n_tiles - 1
     nxt_row0, nxt_count = _tile(DESC, 0)
     for t in range(0, n_tiles):
@@ -327,9 +347,7 @@ def _dw_tma_kernel(DESC, dy_desc, x_desc, G, n_tiles, N, K, s_g, staged,
     pid_n, pid_k = tile_ids(tl.program_id(0), tl.cdiv(N, BN), tl.cdiv(K, BK), GROUP_M)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = pid_k * BK + tl.arange(0, BK)
-    g_ptr = G + rn.to(tl.int64)[:, None] * s_g + rk[None, :]
-    g_mask = (rn < N)[:, None] & (rk < K)[None, :]
-    acc = tl.load(g_ptr, mask=g_mask, other=0.0)  # main grad loaded BEFORE the fold
+    g_ptr, g_mask, acc = _main_grad_tile(G, rn, rk, N, K, s_g)
     last = n_tiles - 1
     nxt_row0, nxt_count = _tile(DESC, 0)
     for t in range(0, n_tiles):

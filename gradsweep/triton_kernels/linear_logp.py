@@ -13,6 +13,10 @@ each GEMM loads (one sequential order over V, whatever the chunk size); dW rows 
 folded into ``fold.main_grad`` by the canonical fold kernel.  Rows of staged tiles (carried from an
 earlier call, or split across calls) are recomputed from their staged (hidden, target, lse, g).
 
+On Hopper both GEMMs read their operands by TMA (host descriptors; ``_fused_fwd_tma_kernel``,
+``_dlogits_tma_kernel``) where the rows allow it, else through pointers: the same tiles, the same
+ascending chain over K and the same epilogue (shared ``@triton.jit`` helpers), so the same bits (GPU test).
+
 Targets outside [0, V) give logp 0 and zero gradients.
 """
 
@@ -24,7 +28,17 @@ import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold, run_function
-from gradsweep.triton_kernels._common import INTERPRET, Tuner, cdiv, loop_bound, m_bucket, mma, tile_ids, to_out
+from gradsweep.triton_kernels._common import (
+    INTERPRET,
+    FastLaunch,
+    Tuner,
+    cdiv,
+    loop_bound,
+    m_bucket,
+    mma,
+    tile_ids,
+    to_out,
+)
 from gradsweep.triton_kernels.gemm import (
     TILE,
     TensorDescriptor,
@@ -44,6 +58,27 @@ FWD_CFG = ({"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 256, "num_warps": 4, "num_
 BWD_VCHUNK = 128 if INTERPRET else 8192
 _CPU_DLOG = {"BM": 64, "BN": 128, "BK": 32, "GROUP_M": 4}
 _COMBINE_ROWS = 128
+
+
+@triton.jit
+def _lse_block(acc, rv, V, t, m, s, xt):
+    """One logits block (columns ``rv``; those past V are -inf) folded into its rows' running max, sum of exp and
+    target logit, in one fixed order: the forward kernels' epilogue."""
+    logits = tl.where(rv[None, :] < V, acc, float("-inf"))
+    m_new = tl.maximum(m, tl.max(logits, 1))
+    s = s * tl.exp(m - m_new) + tl.sum(tl.exp(logits - m_new[:, None]), 1)
+    xt += tl.sum(tl.where(rv[None, :] == t[:, None], acc, 0.0), 1)
+    return m_new, s, xt
+
+
+@triton.jit
+def _store_partials(PM, PS, PT, rm, R, n_chunks, c, m, s, xt):
+    """A row tile's (max, sum of exp, target logit) of vocabulary chunk c, at [row, c] of the partial arrays."""
+    ok = rm < R
+    off = rm.to(tl.int64) * n_chunks + c
+    tl.store(PM + off, m, mask=ok)
+    tl.store(PS + off, s, mask=ok)
+    tl.store(PT + off, xt, mask=ok)
 
 
 @triton.jit
@@ -70,16 +105,8 @@ def _fused_fwd_kernel(H, W, T, PM, PS, PT, R, V, K, n_chunks, s_h, s_w,
             a_ptr = H + hm[:, None] * s_h + rk[None, :]
             b_ptr = W + wv[None, :] * s_w + rk[:, None]
             acc = k_loop(a_ptr, b_ptr, tl.zeros((BM, BV), tl.float32), K, rk, 1, 1, BK, EVEN_K)
-            logits = tl.where(rv[None, :] < V, acc, float("-inf"))
-            m_new = tl.maximum(m, tl.max(logits, 1))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(logits - m_new[:, None]), 1)
-            m = m_new
-            xt += tl.sum(tl.where(rv[None, :] == t[:, None], acc, 0.0), 1)
-    ok = rm < R
-    off = rm.to(tl.int64) * n_chunks + c
-    tl.store(PM + off, m, mask=ok)
-    tl.store(PS + off, s, mask=ok)
-    tl.store(PT + off, xt, mask=ok)
+            m, s, xt = _lse_block(acc, rv, V, t, m, s, xt)
+    _store_partials(PM, PS, PT, rm, R, n_chunks, c, m, s, xt)
 
 
 @triton.jit
@@ -106,16 +133,8 @@ def _fused_fwd_tma_kernel(h_desc, w_desc, T, PM, PS, PT, R, V, k_tiles, n_chunks
                 w = w_desc.load([vb, ki * BK])
                 acc = mma(a, w.T, acc)
             rv = vb + tl.arange(0, BV)
-            logits = tl.where(rv[None, :] < V, acc, float("-inf"))
-            m_new = tl.maximum(m, tl.max(logits, 1))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(logits - m_new[:, None]), 1)
-            m = m_new
-            xt += tl.sum(tl.where(rv[None, :] == t[:, None], acc, 0.0), 1)
-    ok = rm < R
-    off = rm.to(tl.int64) * n_chunks + c
-    tl.store(PM + off, m, mask=ok)
-    tl.store(PS + off, s, mask=ok)
-    tl.store(PT + off, xt, mask=ok)
+            m, s, xt = _lse_block(acc, rv, V, t, m, s, xt)
+    _store_partials(PM, PS, PT, rm, R, n_chunks, c, m, s, xt)
 
 
 @triton.jit
@@ -155,25 +174,46 @@ def fused_forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     part = torch.empty(3, r, n_chunks, dtype=torch.float32, device=hidden.device)
     warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     grid = (cdiv(r, cfg["BM"]) * n_chunks,)
-    if tma if tma is not None else _fwd_tma_ok(hidden, weight):
+    if _use_tma(tma, hidden, weight):
         h_desc = TensorDescriptor(hidden, [r, k], [hidden.stride(0), 1], [cfg["BM"], cfg["BK"]])
         w_desc = TensorDescriptor(weight, [v, k], [weight.stride(0), 1], [cfg["BV"], cfg["BK"]])
-        _fused_fwd_tma_kernel[grid](h_desc, w_desc, targets, part[0], part[1], part[2], r, v,
-                                    loop_bound(cdiv(k, cfg["BK"])), n_chunks, **cfg, num_warps=warps,
-                                    num_stages=stages)
+        _FWD_TMA(grid, [h_desc, w_desc, targets, part[0], part[1], part[2], r, v, loop_bound(cdiv(k, cfg["BK"])),
+                        n_chunks], cfg, warps, stages)
     else:
-        _fused_fwd_kernel[grid](hidden, weight, targets, part[0], part[1], part[2], r, v, loop_bound(k), n_chunks,
-                                hidden.stride(0), weight.stride(0), **cfg, EVEN_K=k % cfg["BK"] == 0,
-                                num_warps=warps, num_stages=stages)
-    _combine_kernel[(cdiv(r, _COMBINE_ROWS),)](part[0], part[1], part[2], targets, out, lse, r, v,
-                                                       loop_bound(n_chunks), BR=_COMBINE_ROWS, num_warps=4)
+        _FWD(grid, [hidden, weight, targets, part[0], part[1], part[2], r, v, loop_bound(k), n_chunks,
+                    hidden.stride(0), weight.stride(0)], {**cfg, "EVEN_K": k % cfg["BK"] == 0}, warps, stages)
+    _COMBINE((cdiv(r, _COMBINE_ROWS),), [part[0], part[1], part[2], targets, out, lse, r, v, loop_bound(n_chunks)],
+             {"BR": _COMBINE_ROWS}, 4)
     return out, lse
 
 
-def _fwd_tma_ok(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the forward runs by TMA: on a Hopper-class GPU, with bf16 / fp16 rows TMA can read (``tma_rows_ok``)."""
+_FWD = FastLaunch(_fused_fwd_kernel)
+_FWD_TMA = FastLaunch(_fused_fwd_tma_kernel)
+_COMBINE = FastLaunch(_combine_kernel)
+
+
+def _use_tma(tma: bool | None, hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a GEMM of hidden against weight rows runs by TMA: ``tma`` when given (benchmarks, the tests that
+    compare the two kernels), else on a Hopper-class GPU with bf16 / fp16 rows TMA can read (``tma_rows_ok``)."""
+    if tma is not None:
+        return tma
     return (not INTERPRET and weight.dtype == hidden.dtype and hidden.shape[1] > 0 and weight.shape[0] > 0
             and tma_rows_ok(hidden, weight))
+
+
+@triton.jit
+def _store_dlogits(acc, T, LSE, G, D, am, rm, rn, M, N, v0, V, s_d):
+    """The dlogits kernels' epilogue: d = g (onehot(v0 + col == t) - exp(logit - lse)) stored in D's dtype (rows ``am``
+    clamped into range for the loads, ``rm`` / ``rn`` masked for the store)."""
+    t = tl.load(T + am)
+    g = tl.load(G + am)
+    g = tl.where((t >= 0) & (t < V), g, 0.0)
+    lse = tl.load(LSE + am)
+    hit = (v0 + rn)[None, :] == t[:, None]
+    d = g[:, None] * (tl.where(hit, 1.0, 0.0) - tl.exp(acc - lse[:, None]))
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    d_ptr = D + rm.to(tl.int64)[:, None] * s_d + rn[None, :]
+    tl.store(d_ptr, to_out(d, D.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -191,15 +231,7 @@ def _dlogits_kernel(H, W, T, LSE, G, D, M, N, K, v0, V,
     a_ptr = H + am[:, None] * s_h + rk[None, :]
     b_ptr = W + bn[None, :] * s_w + rk[:, None]
     acc = k_loop(a_ptr, b_ptr, tl.zeros((BM, BN), dtype=tl.float32), K, rk, 1, 1, BK, EVEN_K)
-    t = tl.load(T + am)
-    g = tl.load(G + am)
-    g = tl.where((t >= 0) & (t < V), g, 0.0)
-    lse = tl.load(LSE + am)
-    hit = (v0 + rn)[None, :] == t[:, None]
-    d = g[:, None] * (tl.where(hit, 1.0, 0.0) - tl.exp(acc - lse[:, None]))
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    d_ptr = D + rm.to(tl.int64)[:, None] * s_d + rn[None, :]
-    tl.store(d_ptr, to_out(d, D.dtype.element_ty), mask=mask)
+    _store_dlogits(acc, T, LSE, G, D, am, rm, rn, M, N, v0, V, s_d)
 
 
 @triton.jit
@@ -217,15 +249,7 @@ def _dlogits_tma_kernel(h_desc, w_desc, T, LSE, G, D, M, N, k_tiles, v0, V, s_d,
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     am = tl.where(rm < M, rm, 0).to(tl.int64)
-    t = tl.load(T + am)
-    g = tl.load(G + am)
-    g = tl.where((t >= 0) & (t < V), g, 0.0)
-    lse = tl.load(LSE + am)
-    hit = (v0 + rn)[None, :] == t[:, None]
-    d = g[:, None] * (tl.where(hit, 1.0, 0.0) - tl.exp(acc - lse[:, None]))
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    d_ptr = D + rm.to(tl.int64)[:, None] * s_d + rn[None, :]
-    tl.store(d_ptr, to_out(d, D.dtype.element_ty), mask=mask)
+    _store_dlogits(acc, T, LSE, G, D, am, rm, rn, M, N, v0, V, s_d)
 
 
 _DLOGITS = Tuner(_dlogits_kernel, mm_configs)
@@ -241,20 +265,20 @@ def dlogits_chunk(hidden: torch.Tensor, w_chunk: torch.Tensor, targets: torch.Te
     d = torch.empty(m, n, dtype=hidden.dtype, device=hidden.device)
     if m == 0 or n == 0:
         return d
-    if INTERPRET and not tma:
-        cfg = _CPU_DLOG
-        grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]),)
-        _dlogits_kernel[grid](hidden, w_chunk, targets, lse, g, d, m, n, loop_bound(k), v0, vocab,
-                              hidden.stride(0), w_chunk.stride(0), d.stride(0), **cfg, EVEN_K=k % cfg["BK"] == 0)
-        return d
+    by_tma = _use_tma(tma, hidden, w_chunk)
 
     def grid(meta):
         return (cdiv(m, meta["BM"]) * cdiv(n, meta["BN"]),)
-    if INTERPRET:  # the TMA kernel under the interpreter (tests): the pinned CPU tiles
+    if INTERPRET:  # one pinned configuration on the CPU (the TMA kernel only where a test asks for it)
         cfg = _CPU_DLOG
-        _dlogits_tma_kernel[grid(cfg)](*_dlogits_descs(hidden, w_chunk, cfg), targets, lse, g, d, m, n,
-                                       loop_bound(cdiv(k, cfg["BK"])), v0, vocab, d.stride(0), **cfg)
-    elif tma if tma is not None else _fwd_tma_ok(hidden, w_chunk):
+        if by_tma:
+            _dlogits_tma_kernel[grid(cfg)](*_dlogits_descs(hidden, w_chunk, cfg), targets, lse, g, d, m, n,
+                                           loop_bound(cdiv(k, cfg["BK"])), v0, vocab, d.stride(0), **cfg)
+        else:
+            _dlogits_kernel[grid(cfg)](hidden, w_chunk, targets, lse, g, d, m, n, loop_bound(k), v0, vocab,
+                                       hidden.stride(0), w_chunk.stride(0), d.stride(0), **cfg,
+                                       EVEN_K=k % cfg["BK"] == 0)
+    elif by_tma:
         def args_for(meta: dict) -> list:
             return [*_dlogits_descs(hidden, w_chunk, meta), targets, lse, g, d, m, n, cdiv(k, meta["BK"]), v0, vocab,
                     d.stride(0)]
