@@ -81,13 +81,13 @@ def specs() -> list[tuple[str, str, dict, dict, int, int, str]]:
                         f"dlogits even={even}"))
     for bn, bk, w, s in DW_TILES:
         out.append(("gemm", "_dw_kernel", DW_TYPES, {"BN": bn, "BK": bk, "BT": 64, "GROUP_M": 8}, w, s, "dW fold"))
+    fwd = {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 256, "GROUP_M": 8}  # linear_logp.FWD_CFG on the GPU
     for even in (True, False):
-        out.append(("linear_logp", "_fused_fwd_kernel", FWD_TYPES, {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 2048,
-                                                                    "EVEN_K": even}, 8, 3, f"fused fwd even={even}"))
+        out.append(("linear_logp", "_fused_fwd_kernel", FWD_TYPES, {**fwd, "EVEN_K": even}, 8, 3,
+                    f"fused fwd even={even}"))
     if hasattr(importlib.import_module("gradsweep.triton_kernels.linear_logp"), "_fused_fwd_tma_kernel"):
         types = {**FWD_TMA_TYPES, "h_desc": "tensordesc<bf16[128,64]>", "w_desc": "tensordesc<bf16[256,64]>"}
-        out.append(("linear_logp", "_fused_fwd_tma_kernel", types, {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 2048},
-                    8, 3, "fused fwd by TMA"))
+        out.append(("linear_logp", "_fused_fwd_tma_kernel", types, fwd, 8, 3, "fused fwd by TMA"))
         for bm, bn, bk, w, s in GEMM_TILES:
             types = {**DLOG_TMA_TYPES, "h_desc": f"tensordesc<bf16[{bm},{bk}]>",
                      "w_desc": f"tensordesc<bf16[{bn},{bk}]>"}

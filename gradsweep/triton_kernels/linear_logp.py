@@ -51,9 +51,13 @@ from gradsweep.triton_kernels.gemm import (
 
 __all__ = ["TILE", "linear_logp"]
 # Pinned forward configuration (a row's log-sum-exp order follows it): never a function of R.
-# GPU: BV=256 measured 8.75 ms vs 10.14 ms for BV=128 (H200, R=4096, V=151936, first pass).
-FWD_CFG = ({"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 256, "num_warps": 4, "num_stages": 1} if INTERPRET else
-           {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 2048, "num_warps": 8, "num_stages": 3})
+# GPU: BV=256 measured 8.75 ms vs 10.14 ms for BV=128 (H200, R=4096, V=151936, first pass). VCHUNK = BV: each
+# program computes one logits tile, so a program's hidden rows are not re-read from HBM once per block of its chunk
+# (with VCHUNK=2048 the concurrent programs' rows, 1 MiB each, overflowed L2 at R=16384); GROUP_M orders the
+# programs as a GEMM's tiles (notes/triton_gemm_vocab.md, "Fifteenth session").
+FWD_CFG = ({"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 256, "GROUP_M": 4, "num_warps": 4, "num_stages": 1}
+           if INTERPRET else
+           {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 256, "GROUP_M": 8, "num_warps": 8, "num_stages": 3})
 # Backward vocabulary chunk: extra memory O(R x BWD_VCHUNK); the bits do not follow it.
 BWD_VCHUNK = 128 if INTERPRET else 8192
 _CPU_DLOG = {"BM": 64, "BN": 128, "BK": 32, "GROUP_M": 4}
@@ -84,12 +88,10 @@ def _store_partials(PM, PS, PT, rm, R, n_chunks, c, m, s, xt):
 @triton.jit
 def _fused_fwd_kernel(H, W, T, PM, PS, PT, R, V, K, n_chunks, s_h, s_w,
                       VCHUNK: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-                      EVEN_K: tl.constexpr):
-    """Per (row tile, vocab chunk): running max, sum of exp and target logit of the chunk's columns."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(R, BM)
-    pid_m = pid % num_m  # row tiles fastest: concurrent programs share the chunk's weight rows
-    c = pid // num_m
+                      GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+    """Per (row tile, vocab chunk): running max, sum of exp and target logit of the chunk's columns. Programs walk
+    (row tile, chunk) in GROUP_M-row-tile groups (``tile_ids``): concurrent programs share both operands in L2."""
+    pid_m, c = tile_ids(tl.program_id(0), tl.cdiv(R, BM), n_chunks, GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     hm = tl.where(rm < R, rm, 0).to(tl.int64)
     rk = tl.arange(0, BK)
@@ -111,14 +113,12 @@ def _fused_fwd_kernel(H, W, T, PM, PS, PT, R, V, K, n_chunks, s_h, s_w,
 
 @triton.jit
 def _fused_fwd_tma_kernel(h_desc, w_desc, T, PM, PS, PT, R, V, k_tiles, n_chunks,
-                          VCHUNK: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):
-    """``_fused_fwd_kernel`` fed by TMA (host descriptors of H [R, K] and W [V, K]): the same logits tiles, each one
-    ascending chain of BK-wide tensor-core steps over K (rows past R and columns past K load as zeros), the same
-    epilogue; the GEMM family's persistent TMA kernel gives ``_mm_kernel``'s bits the same way."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(R, BM)
-    pid_m = pid % num_m  # row tiles fastest: concurrent programs share the chunk's weight rows
-    c = pid // num_m
+                          VCHUNK: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                          GROUP_M: tl.constexpr):
+    """``_fused_fwd_kernel`` fed by TMA (host descriptors of H [R, K] and W [V, K]): the same logits tiles in the same
+    program order, each one ascending chain of BK-wide tensor-core steps over K (rows past R and columns past K load
+    as zeros), the same epilogue; the GEMM family's persistent TMA kernel gives ``_mm_kernel``'s bits the same way."""
+    pid_m, c = tile_ids(tl.program_id(0), tl.cdiv(R, BM), n_chunks, GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     t = tl.load(T + tl.where(rm < R, rm, 0).to(tl.int64))
     m = tl.full((BM,), float("-inf"), tl.float32)
