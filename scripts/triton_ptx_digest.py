@@ -81,7 +81,7 @@ def specs() -> list[tuple[str, str, dict, dict, int, int, str]]:
                         f"dlogits even={even}"))
     for bn, bk, w, s in DW_TILES:
         out.append(("gemm", "_dw_kernel", DW_TYPES, {"BN": bn, "BK": bk, "BT": 64, "GROUP_M": 8}, w, s, "dW fold"))
-    fwd = {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 256, "GROUP_M": 8}  # linear_logp.FWD_CFG on the GPU
+    fwd = {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 2048, "GROUP_M": 8}  # linear_logp.FWD_CFG on the GPU
     for even in (True, False):
         out.append(("linear_logp", "_fused_fwd_kernel", FWD_TYPES, {**fwd, "EVEN_K": even}, 8, 3,
                     f"fused fwd even={even}"))

@@ -51,13 +51,13 @@ from gradsweep.triton_kernels.gemm import (
 
 __all__ = ["TILE", "linear_logp"]
 # Pinned forward configuration (a row's log-sum-exp order follows it): never a function of R.
-# GPU: BV=256 measured 8.75 ms vs 10.14 ms for BV=128 (H200, R=4096, V=151936, first pass). VCHUNK = BV: each
-# program computes one logits tile, so a program's hidden rows are not re-read from HBM once per block of its chunk
-# (with VCHUNK=2048 the concurrent programs' rows, 1 MiB each, overflowed L2 at R=16384); GROUP_M orders the
-# programs as a GEMM's tiles (notes/triton_gemm_vocab.md, "Fifteenth session").
+# GPU: BV=256 measured 8.75 ms vs 10.14 ms for BV=128 (H200, R=4096, V=151936, first pass). GROUP_M orders the
+# (row tile, chunk) programs in groups of 8 row tiles, as a GEMM's tiles: all row tiles of one chunk at once (the
+# order before) overflowed L2 at R=16384 (1.127x -> 1.047x one cuBLAS GEMM there; notes/triton_gemm_vocab.md,
+# "Fifteenth session"). The order does not touch a row's arithmetic: the same bits.
 FWD_CFG = ({"BM": 128, "BV": 128, "BK": 64, "VCHUNK": 256, "GROUP_M": 4, "num_warps": 4, "num_stages": 1}
            if INTERPRET else
-           {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 256, "GROUP_M": 8, "num_warps": 8, "num_stages": 3})
+           {"BM": 128, "BV": 256, "BK": 64, "VCHUNK": 2048, "GROUP_M": 8, "num_warps": 8, "num_stages": 3})
 # Backward vocabulary chunk: extra memory O(R x BWD_VCHUNK); the bits do not follow it.
 BWD_VCHUNK = 128 if INTERPRET else 8192
 _CPU_DLOG = {"BM": 64, "BN": 128, "BK": 32, "GROUP_M": 4}
