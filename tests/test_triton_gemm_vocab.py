@@ -336,6 +336,18 @@ def test_linear_logp_tma_kernels_equal_the_pointer_kernels():
         assert same(ll.dlogits_chunk(*args, tma=False), ll.dlogits_chunk(*args, tma=True)), v0
 
 
+def test_linear_logp_program_order_does_not_touch_the_bits():
+    """The forward's (row tile, vocabulary chunk) programs may run in any order (GROUP_M: the L2 grouping, a speed
+    choice): each writes its own partials, so rows-fastest, grouped and chunks-fastest orders give the same bits,
+    by the pointer and the TMA kernel. A program that read another's partials would fail here."""
+    h = XB[:300] * 0.3
+    ref = ll.fused_forward(h, WV, TB[:300], tma=False)
+    for group in (1, 2, 1 << 20):  # chunks fastest, pairs of row tiles, every row tile of a chunk at once
+        for tma in (False, True):
+            got = ll.fused_forward(h, WV, TB[:300], cfg={**ll.FWD_CFG, "GROUP_M": group}, tma=tma)
+            assert all(same(a, b) for a, b in zip(ref, got)), (group, tma)
+
+
 _GPU_FWD_SCRIPT = """
 import torch
 from gradsweep.triton_kernels import linear_logp as ll
