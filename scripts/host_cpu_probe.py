@@ -9,7 +9,10 @@ and linear_logp, as on the H200. Printed per case: us per step of each mode the 
 backward as the bench derives it (fwd_bwd - fwd_train), launches per step; ``--profile`` adds a cProfile of the
 training step (autograd on the calling thread).
 
-Not in the figure: the launches themselves (Triton's C launcher, ``FastLaunch``'s key: ~15 us each on the lent
+torch ops that run on the device there run on the CPU here (the embedding backward's token sort: ~0.8 ms of the
+CPU's own sorting), so a step dominated by them says nothing about its host path; the profile shows which.
+A launch that bypasses ``FastLaunch`` needs a driver: that case is reported as not probed. Not in the figure: the
+launches themselves (Triton's C launcher, ``FastLaunch``'s key: ~15 us each on the lent
 H200 hosts, bench/results/host_layers_h200_2026-12-02/), CUDA allocations and uploads. The lent H200 hosts ran
 this Python ~5x slower than the 2-core CPU box (the cold fold plan: ~31 us here, 172-176 us there), so compare
 before / after on one box; the signed bench is the figure that counts.
@@ -123,7 +126,11 @@ def main() -> None:
             continue
         if args.case and not any(c in case.id for c in args.case):
             continue
-        for line in probe(case, stubs, args.rounds, args.steps, args.profile):
+        try:
+            lines = probe(case, stubs, args.rounds, args.steps, args.profile)
+        except Exception as exc:  # e.g. a launch that bypasses FastLaunch needs a driver: say so, go on
+            lines = [f"{case.id}: not probed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"]
+        for line in lines:
             print(line, flush=True)
 
 
