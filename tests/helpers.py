@@ -21,14 +21,20 @@ from gradsweep.manifest import MANIFEST_DIR, load_manifest
 from tests.fakes.helpers import REPO
 
 
+def run_clean(argv: list[str], timeout: float, drop: tuple[str, ...] = ("TRITON_INTERPRET",),
+              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python *argv`` from the repository root in a fresh process without ``drop``'s variables (so Triton takes
+    its GPU code paths instead of interpreting: TRITON_INTERPRET is read when a kernel is decorated), plus ``env``;
+    the caller checks the output."""
+    run_env = {k: v for k, v in os.environ.items() if k not in drop} | dict(env or {})
+    return subprocess.run([sys.executable, *argv], env=run_env, capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO)
+
+
 def run_compiled(script: str, timeout: float, drop: tuple[str, ...] = ("TRITON_INTERPRET",),
                  env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python -c script`` from the repository root in a fresh process without ``drop``'s variables (so Triton
-    compiles for the GPU instead of interpreting: TRITON_INTERPRET is read when a kernel is decorated), plus
-    ``env``; the caller checks the output for its own marker."""
-    run_env = {k: v for k, v in os.environ.items() if k not in drop} | dict(env or {})
-    return subprocess.run([sys.executable, "-c", script], env=run_env, capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+    """``python -c script`` through ``run_clean`` (the GPU tests); the caller checks the output for its own marker."""
+    return run_clean(["-c", script], timeout, drop, env)
 
 
 LENGTHS = [37, 5, 64, 1, 23]

@@ -4,24 +4,18 @@ the GPU's host path, not the interpreter's)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import run_clean
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the probe refuses a GPU box")
 def test_host_cpu_probe_counts_the_launches_of_a_step():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "scripts/host_cpu_probe.py", "--quick", "--op", "rms_norm", "--op",
-                          "det_gemm", "--case", "bwd", "--case", "dw", "--fake-tma", "--rounds", "1", "--steps",
-                          "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    res = run_clean(["scripts/host_cpu_probe.py", "--quick", "--op", "rms_norm", "--op", "det_gemm", "--case", "bwd",
+                     "--case", "dw", "--fake-tma", "--rounds", "1", "--steps", "2"], timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     launches = dict(re.findall(r"^(\S+ \w+): [\d.]+ us per step, (\d+) launches$", res.stdout, re.M))
     # rms_norm: the forward; then the backward kernel and the dweight fold (a packed step leaves no row over)
