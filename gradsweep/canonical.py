@@ -678,7 +678,7 @@ class CanonicalFold:
                 return self._take_whole_step(whole, runs, tensors, key, device)
         desc, stage_rows, in_place, copy = self._plan_tiles(runs, tensors)
         stage = self._staging() if stage_rows else tensors
-        step = TileStep(upload(desc, device), desc, stage, stage_rows, c0, tile, in_place)
+        step = TileStep(upload(desc, device), _frozen(desc), stage, stage_rows, c0, tile, in_place)
         if in_place == runs.total and key is not None:  # nothing staged, carried or waiting: keyed by the state
             self._remember(key, (step.desc, desc, in_place))
         else:
@@ -724,7 +724,7 @@ class CanonicalFold:
         desc[:, 1] = layout.expected
         self._lo, self._hi = np.zeros(1, dtype=np.int64), np.full(1, layout.total_tiles * self.tile, dtype=np.int64)
         self.cursor = layout.total_tiles
-        step = TileStep(upload(desc, device), desc, tensors, 0, 0, self.tile, runs.total)
+        step = TileStep(upload(desc, device), _frozen(desc), tensors, 0, 0, self.tile, runs.total)
         self._remember(key, (step.desc, desc, runs.total))
         return step
 

@@ -78,7 +78,7 @@ def best_us(step: Callable[[], None], rounds: int, n: int) -> float:
     return best
 
 
-def probe(case: Case, stubs: Stubs, rounds: int, n: int, profile_top: int) -> list[str]:
+def probe(case: Case, stubs: Stubs, rounds: int, n: int, profile_top: int, sort: str = "tottime") -> list[str]:
     op = get_op(case.op)
     cand = op.candidates.get(f"triton.{case.op}")
     if cand is None:
@@ -100,7 +100,7 @@ def probe(case: Case, stubs: Stubs, rounds: int, n: int, profile_top: int) -> li
                 step()
             prof.disable()
             buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(profile_top)
+            pstats.Stats(prof, stream=buf).sort_stats(sort).print_stats(profile_top)
             lines.append(buf.getvalue())
     if case.phase == "bwd":
         lines.append(f"{case.id} bwd (fwd_bwd - fwd_train): {figures['fwd_bwd'] - figures['fwd_train']:.1f} us")
@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=100, help="steps per round")
     ap.add_argument("--profile", type=int, default=0, metavar="TOP", help="cProfile the training step, TOP rows")
+    ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative", "ncalls"),
+                    help="the profile's order")
     ap.add_argument("--quick", action="store_true", help="the catalog's --quick cases (tiny lengths; a smoke run)")
     args = ap.parse_args()
     if torch.cuda.is_available():
@@ -127,7 +129,7 @@ def main() -> None:
         if args.case and not any(c in case.id for c in args.case):
             continue
         try:
-            lines = probe(case, stubs, args.rounds, args.steps, args.profile)
+            lines = probe(case, stubs, args.rounds, args.steps, args.profile, args.sort)
         except Exception as exc:  # e.g. a launch that bypasses FastLaunch needs a driver: say so, go on
             lines = [f"{case.id}: not probed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"]
         for line in lines:

@@ -12,6 +12,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # before any triton kernel module is imported
 
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -129,6 +130,24 @@ def test_dw_stretches_cut_the_tiles_by_how_they_are_read():
     got = gemm.stretches(host, tile)
     assert got == [(0, 1, gemm.GATHER), (1, 3, gemm.TMA_ROWS), (3, 4, gemm.GATHER), (4, 6, gemm.TMA_STAGED),
                    (6, 8, gemm.TMA_ROWS), (8, 9, gemm.GATHER)]
+
+
+def test_dw_stretches_are_kept_only_for_a_read_only_plan():
+    """``stretches`` keeps its last answer for a read-only descriptor array (the fold plan cache's, frozen): a
+    caller's writable array is cut again on every call, so an array changed in place between two calls gets the new
+    stretches; the plan's own arrays are read-only."""
+    tile = gemm.TILE
+    host = np.array([[5, tile], [69, 40]], dtype=np.int32)
+    assert gemm.stretches(host, tile) == [(0, 2, gemm.TMA_ROWS)]
+    host[0] = (0, 5)  # now a short tile at row 0: the gather
+    assert gemm.stretches(host, tile) == [(0, 1, gemm.GATHER), (1, 2, gemm.TMA_ROWS)]
+    host.setflags(write=False)
+    assert gemm.stretches(host, tile) is gemm.stretches(host, tile)
+    assert gemm.stretches(host.copy(), tile) == [(0, 1, gemm.GATHER), (1, 2, gemm.TMA_ROWS)]
+    lengths = (70, 3, 64)
+    step = CanonicalFold(torch.zeros(4, 4), lengths, tile).take_tiles(RowIdentity.packed(list(lengths)),
+                                                                      (torch.zeros(137, 4), torch.zeros(137, 4)))
+    assert not step.host_desc.flags.writeable
 
 
 # ---------------------------------------------------------------- planted defects are caught
@@ -256,13 +275,15 @@ fns = {"fwd": lambda n: gemm.matmul_invariant(x[:n], w),
        "dx_contiguous": lambda n: gemm.matmul_invariant(dy[:n], w.t()),
        "logp": lambda n: lp.logp_forward(x[:n], t[:n])[0],
        "linear_logp": lambda n: ll.fused_forward(x[:n], w, t[:n])[0]}
-# M >= gemm.TMA_MIN_M runs the persistent TMA kernel, smaller M _mm_kernel: rows must not tell them apart
+# M >= gemm.TMA_MIN_M runs the persistent TMA kernel with large tiles, TMA_MID_MIN_M <= M < TMA_MIN_M with small
+# ones, smaller M _mm_kernel: rows must not tell the three apart
 assert gemm._tma_ok(x, w.t(), torch.empty(4096, 1000, device="cuda", dtype=torch.bfloat16))
 assert gemm._tma_ok(dy, w, torch.empty(4096, 512, device="cuda", dtype=torch.bfloat16))  # dX: B = W itself
-assert not gemm._tma_ok(x[:1000], w.t(), torch.empty(1000, 1000, device="cuda", dtype=torch.bfloat16))
+assert gemm._tma_ok(x[:256], w.t(), torch.empty(256, 1000, device="cuda", dtype=torch.bfloat16))
+assert not gemm._tma_ok(x[:255], w.t(), torch.empty(255, 1000, device="cuda", dtype=torch.bfloat16))
 for name, f in fns.items():
     full = f(4096)
-    for m in (1, 2, 3, 7, 16, 64, 256, 1000, 1023, 1024, 1031, 2912):
+    for m in (1, 2, 3, 7, 16, 64, 255, 256, 257, 1000, 1023, 1024, 1031, 2912):
         assert torch.equal(bits(f(m)), bits(full[:m])), (name, m)
 print("GPU-OK")
 """

@@ -6,7 +6,9 @@ bits with a plain launch of a real kernel."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -227,3 +229,29 @@ def test_host_grid_arithmetic_equals_tritons() -> None:
             assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
         assert pow2(a) == int(triton.next_power_of_2(max(a, 1))), a
     assert pow2(-5) == 1
+
+
+def _plain_gpu_launches(source: str) -> list[int]:
+    """Lines of ``name_kernel[grid](...)`` calls outside the body of an ``if INTERPRET`` (the interpreter's path)."""
+    tree = ast.parse(source)
+    allowed: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If):
+            continue
+        if any(isinstance(n, ast.Name) and n.id == "INTERPRET" for n in ast.walk(node.test)):
+            allowed |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id.endswith("_kernel")
+            and id(node) not in allowed]
+
+
+def test_every_gpu_launch_of_the_family_goes_through_fastlaunch() -> None:
+    """On the GPU every Triton kernel of the family launches through ``FastLaunch`` (directly or through a
+    ``Tuner``): Triton's own ``kernel[grid]`` costs ~50-80 us of Python a launch on the lent H200 hosts. A plain
+    launch is allowed only on the interpreter's path (``if INTERPRET:``)."""
+    root = Path(_launch.__file__).parent
+    found = {p.name: _plain_gpu_launches(p.read_text()) for p in sorted(root.glob("*.py"))}
+    assert not {name: lines for name, lines in found.items() if lines}
+    planted = "def f():\n    _x_kernel[(1,)](a)\n    if INTERPRET:\n        _y_kernel[(1,)](a)\n"
+    assert _plain_gpu_launches(planted) == [2]  # the audit sees a plain launch, and lets the interpreter's pass

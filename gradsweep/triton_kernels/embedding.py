@@ -127,8 +127,9 @@ def embedding_fold(tokens: torch.Tensor, tok_ids: torch.Tensor, dy: torch.Tensor
         return
     sorted_ids, order = torch.sort(tok_ids, stable=True)
     src = tokens.index_select(0, order).to(torch.int32).contiguous()
-    seg_start = torch.searchsorted(sorted_ids, sorted_ids, right=False).to(torch.int32)
-    seg_end = torch.searchsorted(sorted_ids, sorted_ids, right=True).to(torch.int32)
+    # int32 bounds straight from the search (a cast would be one more launch each: this op is host-bound)
+    seg_start = torch.searchsorted(sorted_ids, sorted_ids, right=False, out_int32=True)
+    seg_end = torch.searchsorted(sorted_ids, sorted_ids, right=True, out_int32=True)
     # Candidate segment heads: every position on a GPU (non-heads exit at once; no host sync), only
     # the true heads on the CPU (the interpreter pays per program). Same kernel, same arithmetic.
     if sorted_ids.device.type == "cpu":

@@ -174,16 +174,22 @@ def _mm_tma_kernel(a_desc, w_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.con
 
 _TMA_CFG = {"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8}  # measured best at every large shape (notes)
 _TMA_WARPS, _TMA_STAGES, TMA_MIN_M = 8, 3, 1024
+# 256 <= M < 1024: smaller output tiles fill the GPU (M = 256, N = K = 4096: 128 tiles instead of 32). Kernel time
+# by graph replay on the H200 at M = 256: fwd 19.8 -> 15.5 us (cuBLAS 14.5), dX 17.4 -> 16.9 us (cuBLAS 14.4); at
+# M <= 16 the pointer kernel stays faster (bench/results/small_m_tma_2026-12-03/). A speed choice only: the TMA
+# kernel gives _mm_kernel's bits for every tile shape (one ascending chain over K).
+_TMA_MID_CFG = {"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8}
+_TMA_MID_WARPS, _TMA_MID_STAGES, TMA_MID_MIN_M = 4, 5, 256
 _TMA_DTYPES = (torch.bfloat16, torch.float16)  # an fp32 C tile would not fit in shared memory
 _SMS: dict[int, int] = {}
 
 
 def _tma_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether the TMA kernel can take out = a @ b: a Hopper-class GPU, M >= TMA_MIN_M, a [M,K] contiguous 16-bit,
+    """Whether the TMA kernel can take out = a @ b: a Hopper-class GPU, M >= TMA_MID_MIN_M, a [M,K] contiguous 16-bit,
     b [K,N] a contiguous [N,K] weight seen transposed or contiguous itself, out contiguous, and TMA's rules on each
     (``_tma_rows``)."""
     # the row count first (every small-M launch asks; ``a.device`` would build a torch.device object)
-    if a.shape[0] < TMA_MIN_M or INTERPRET or TensorDescriptor is None or not a.is_cuda or _capability(a) < 9:
+    if a.shape[0] < TMA_MID_MIN_M or INTERPRET or TensorDescriptor is None or not a.is_cuda or _capability(a) < 9:
         return False
     if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype or out.dtype not in _TMA_DTYPES:
         return False
@@ -201,7 +207,8 @@ def _launch_mm_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch
     """out = a @ b through ``_mm_tma_kernel`` (``_tma_ok`` holds): b [K, N] a transposed weight or contiguous."""
     m, k = a.shape
     n = b.shape[1]
-    cfg = _TMA_CFG
+    cfg, warps, stages = ((_TMA_CFG, _TMA_WARPS, _TMA_STAGES) if m >= TMA_MIN_M else
+                          (_TMA_MID_CFG, _TMA_MID_WARPS, _TMA_MID_STAGES))
     dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
     if dev not in _SMS:
         _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -217,7 +224,7 @@ def _launch_mm_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch
     # the direct launch path (FastLaunch keys the compiled kernel on the descriptors' dtypes and block shapes;
     # Triton's wrapped launcher encodes the descriptors at each launch)
     grid = (min(sms, cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"])),)
-    _MM_TMA(grid, [a_desc, b_desc, c_desc, m, n, k], {**cfg, "PROGRAMS": sms, "B_T": b_t}, _TMA_WARPS, _TMA_STAGES)
+    _MM_TMA(grid, [a_desc, b_desc, c_desc, m, n, k], {**cfg, "PROGRAMS": sms, "B_T": b_t}, warps, stages)
     return out
 
 
@@ -451,10 +458,28 @@ def dw_fold_tiles(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_gr
 TMA_ROWS, TMA_STAGED, GATHER = 0, 1, 2  # how a stretch of tiles is read (``stretches``)
 
 
+_LAST_STRETCHES: tuple | None = None  # (host_desc, tile, stretches) of the last call: one assignment, thread-safe
+
+
 def stretches(host_desc: np.ndarray, tile: int) -> list[tuple[int, int, int]]:
     """The tile list cut into stretches of one kind, in order: ``(first tile, end, kind)`` with kind TMA_ROWS
     (windows of the call's rows), TMA_STAGED (windows of the staging rows) or GATHER (``_dw_kernel``: a tile whose
-    window would start before its source's first row, a short tile among its first tile - 1 rows)."""
+    window would start before its source's first row, a short tile among its first tile - 1 rows).
+
+    A replayed fold plan hands every fold of a step the same read-only ``host_desc`` (the plan cache's), so the last
+    answer is kept for a read-only array: ~14 us of numpy on the CPU box per dW launch, paid by every GEMM's dW of a
+    step. A writable array (a caller's own) is cut every time: it could change between calls."""
+    global _LAST_STRETCHES
+    last = _LAST_STRETCHES
+    if last is not None and last[0] is host_desc and last[1] == tile:
+        return last[2]
+    out = _cut_stretches(host_desc, tile)
+    if not host_desc.flags.writeable:
+        _LAST_STRETCHES = (host_desc, tile, out)
+    return out
+
+
+def _cut_stretches(host_desc: np.ndarray, tile: int) -> list[tuple[int, int, int]]:
     staged = host_desc[:, 0] < 0
     first = np.where(staged, -host_desc[:, 0].astype(np.int64) - 1, host_desc[:, 0])
     kind = np.where(first >= tile - host_desc[:, 1], np.where(staged, TMA_STAGED, TMA_ROWS), GATHER)

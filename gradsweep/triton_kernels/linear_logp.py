@@ -86,19 +86,26 @@ def _store_partials(PM, PS, PT, rm, R, n_chunks, c, m, s, xt):
 
 
 @triton.jit
-def _fused_fwd_kernel(H, W, T, PM, PS, PT, R, V, K, n_chunks, s_h, s_w,
-                      VCHUNK: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-                      GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
-    """Per (row tile, vocab chunk): running max, sum of exp and target logit of the chunk's columns. Programs walk
-    (row tile, chunk) in GROUP_M-row-tile groups (``tile_ids``): concurrent programs share both operands in L2."""
+def _fwd_program(T, R, n_chunks, BM: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """A forward program's (row tile, chunk) in grouped order, its rows (``rm``; clamped into range as ``hm`` for
+    loads), the K offsets of a block, the rows' targets and the empty running (max, sum of exp, target logit): both
+    forward kernels' prologue."""
     pid_m, c = tile_ids(tl.program_id(0), tl.cdiv(R, BM), n_chunks, GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     hm = tl.where(rm < R, rm, 0).to(tl.int64)
     rk = tl.arange(0, BK)
     t = tl.load(T + hm)
     m = tl.full((BM,), float("-inf"), tl.float32)
-    s = tl.zeros((BM,), tl.float32)
-    xt = tl.zeros((BM,), tl.float32)
+    return pid_m, c, rm, hm, rk, t, m, tl.zeros((BM,), tl.float32), tl.zeros((BM,), tl.float32)
+
+
+@triton.jit
+def _fused_fwd_kernel(H, W, T, PM, PS, PT, R, V, K, n_chunks, s_h, s_w,
+                      VCHUNK: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                      GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+    """Per (row tile, vocab chunk): running max, sum of exp and target logit of the chunk's columns. Programs walk
+    (row tile, chunk) in GROUP_M-row-tile groups (``tile_ids``): concurrent programs share both operands in L2."""
+    _, c, rm, hm, rk, t, m, s, xt = _fwd_program(T, R, n_chunks, BM, BK, GROUP_M)
     for i in range(0, VCHUNK // BV):  # constexpr trip count; blocks past V are skipped
         vb = c * VCHUNK + i * BV
         if vb < V:
@@ -118,12 +125,7 @@ def _fused_fwd_tma_kernel(h_desc, w_desc, T, PM, PS, PT, R, V, k_tiles, n_chunks
     """``_fused_fwd_kernel`` fed by TMA (host descriptors of H [R, K] and W [V, K]): the same logits tiles in the same
     program order, each one ascending chain of BK-wide tensor-core steps over K (rows past R and columns past K load
     as zeros), the same epilogue; the GEMM family's persistent TMA kernel gives ``_mm_kernel``'s bits the same way."""
-    pid_m, c = tile_ids(tl.program_id(0), tl.cdiv(R, BM), n_chunks, GROUP_M)
-    rm = pid_m * BM + tl.arange(0, BM)
-    t = tl.load(T + tl.where(rm < R, rm, 0).to(tl.int64))
-    m = tl.full((BM,), float("-inf"), tl.float32)
-    s = tl.zeros((BM,), tl.float32)
-    xt = tl.zeros((BM,), tl.float32)
+    pid_m, c, rm, _, _, t, m, s, xt = _fwd_program(T, R, n_chunks, BM, BK, GROUP_M)
     for i in range(0, VCHUNK // BV):  # constexpr trip count; blocks past V are skipped
         vb = c * VCHUNK + i * BV
         if vb < V:
@@ -175,10 +177,9 @@ def fused_forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     grid = (cdiv(r, cfg["BM"]) * n_chunks,)
     if _use_tma(tma, hidden, weight):
-        h_desc = TensorDescriptor(hidden, [r, k], [hidden.stride(0), 1], [cfg["BM"], cfg["BK"]])
-        w_desc = TensorDescriptor(weight, [v, k], [weight.stride(0), 1], [cfg["BV"], cfg["BK"]])
-        _FWD_TMA(grid, [h_desc, w_desc, targets, part[0], part[1], part[2], r, v, loop_bound(cdiv(k, cfg["BK"])),
-                        n_chunks], cfg, warps, stages)
+        descs = _row_descs(hidden, weight, cfg["BM"], cfg["BV"], cfg["BK"])
+        _FWD_TMA(grid, [*descs, targets, part[0], part[1], part[2], r, v, loop_bound(cdiv(k, cfg["BK"])), n_chunks],
+                 cfg, warps, stages)
     else:
         _FWD(grid, [hidden, weight, targets, part[0], part[1], part[2], r, v, loop_bound(k), n_chunks,
                     hidden.stride(0), weight.stride(0)], {**cfg, "EVEN_K": k % cfg["BK"] == 0}, warps, stages)
@@ -272,16 +273,17 @@ def dlogits_chunk(hidden: torch.Tensor, w_chunk: torch.Tensor, targets: torch.Te
     if INTERPRET:  # one pinned configuration on the CPU (the TMA kernel only where a test asks for it)
         cfg = _CPU_DLOG
         if by_tma:
-            _dlogits_tma_kernel[grid(cfg)](*_dlogits_descs(hidden, w_chunk, cfg), targets, lse, g, d, m, n,
-                                           loop_bound(cdiv(k, cfg["BK"])), v0, vocab, d.stride(0), **cfg)
+            descs = _row_descs(hidden, w_chunk, cfg["BM"], cfg["BN"], cfg["BK"])
+            _dlogits_tma_kernel[grid(cfg)](*descs, targets, lse, g, d, m, n, loop_bound(cdiv(k, cfg["BK"])), v0,
+                                           vocab, d.stride(0), **cfg)
         else:
             _dlogits_kernel[grid(cfg)](hidden, w_chunk, targets, lse, g, d, m, n, loop_bound(k), v0, vocab,
                                        hidden.stride(0), w_chunk.stride(0), d.stride(0), **cfg,
                                        EVEN_K=k % cfg["BK"] == 0)
     elif by_tma:
         def args_for(meta: dict) -> list:
-            return [*_dlogits_descs(hidden, w_chunk, meta), targets, lse, g, d, m, n, cdiv(k, meta["BK"]), v0, vocab,
-                    d.stride(0)]
+            return [*_row_descs(hidden, w_chunk, meta["BM"], meta["BN"], meta["BK"]), targets, lse, g, d, m, n,
+                    cdiv(k, meta["BK"]), v0, vocab, d.stride(0)]
         _DLOGITS_TMA((m_bucket(m), n, k, hidden.dtype), grid, None, {}, args_for=args_for)
     else:
         args = [hidden, w_chunk, targets, lse, g, d, m, n, k, v0, vocab, hidden.stride(0), w_chunk.stride(0),
@@ -290,10 +292,11 @@ def dlogits_chunk(hidden: torch.Tensor, w_chunk: torch.Tensor, targets: torch.Te
     return d
 
 
-def _dlogits_descs(hidden: torch.Tensor, w_chunk: torch.Tensor, meta: dict) -> tuple:
-    """Host TMA descriptors of H and the chunk's weight rows, boxes of the configuration's tiles."""
-    return (TensorDescriptor(hidden, list(hidden.shape), [hidden.stride(0), 1], [meta["BM"], meta["BK"]]),
-            TensorDescriptor(w_chunk, list(w_chunk.shape), [w_chunk.stride(0), 1], [meta["BN"], meta["BK"]]))
+def _row_descs(hidden: torch.Tensor, weight: torch.Tensor, bm: int, bn: int, bk: int) -> tuple:
+    """Host TMA descriptors of H [R, K] and of weight rows [N, K] (the vocabulary, or one chunk of it), boxes of
+    [bm, bk] and [bn, bk]: what the forward and the dlogits kernels read by TMA."""
+    return (TensorDescriptor(hidden, list(hidden.shape), [hidden.stride(0), 1], [bm, bk]),
+            TensorDescriptor(weight, list(weight.shape), [weight.stride(0), 1], [bn, bk]))
 
 
 class LinearLogpFn(torch.autograd.Function):

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.kernel_api import check_pack, check_unpack, check_unpack_rows, pack_functions, sample_table
-from gradsweep.triton_kernels._common import cdiv, pow2
+from gradsweep.triton_kernels._common import FastLaunch, cdiv, pow2
 
 BLOCK_H = 1024
 
@@ -53,6 +53,9 @@ def _lengths_host(lengths: torch.Tensor, max_len: int, starts: torch.Tensor | No
     return host, first
 
 
+_PACK = FastLaunch(_pack_kernel)
+
+
 def _launch(src: torch.Tensor, dst: torch.Tensor, lengths: list[int], starts: list[int], max_len: int,
             hidden: int, unpack: bool) -> None:
     n_samples = len(lengths)
@@ -62,8 +65,7 @@ def _launch(src: torch.Tensor, dst: torch.Tensor, lengths: list[int], starts: li
     block = min(pow2(hidden), BLOCK_H)
     rows = max(1, 4096 // block)
     grid = (n_samples, cdiv(max_len, rows), cdiv(hidden, block))
-    _pack_kernel[grid](src, dst, meta, n_samples, max_len, hidden, UNPACK=unpack, ROWS=rows, BLOCK=block,
-                       num_warps=4)
+    _PACK(grid, [src, dst, meta, n_samples, max_len, hidden], {"UNPACK": unpack, "ROWS": rows, "BLOCK": block}, 4)
 
 
 def pack_forward(x: torch.Tensor, lengths: list[int], starts: list[int] | None = None) -> torch.Tensor:

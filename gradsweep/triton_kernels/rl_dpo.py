@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from gradsweep.canonical import RowIdentity
-from gradsweep.triton_kernels._common import cdiv, loop_bound, to_out
+from gradsweep.triton_kernels._common import FastLaunch, cdiv, loop_bound, to_out
 
 SEQ_BLOCK = 256  # lanes of a sequence sum (pinned: the sum's order is a function of it and the position only)
 SEQ_WARPS = 4
@@ -125,14 +125,19 @@ def sequence_index(rows: RowIdentity, lengths: Sequence[int]) -> tuple[torch.Ten
             torch.as_tensor(counts.astype(np.int32)), int(counts.max(initial=0)))
 
 
+_SEQ_SUM = FastLaunch(_seq_sum_kernel)
+_DPO_FWD = FastLaunch(_dpo_fwd_kernel)
+_DPO_BWD = FastLaunch(_dpo_bwd_kernel)
+
+
 def _seq_sum(a, b, m, plan, device) -> torch.Tensor:
     order, start, count, max_len = plan
     out = torch.zeros(start.numel(), dtype=torch.float32, device=device)
     if start.numel() and max_len:
         dummy = a
-        _seq_sum_kernel[(start.numel(),)](a, b if b is not None else dummy, m if m is not None else dummy,
-                                          order, start, count, out, loop_bound(max_len), HAS_B=b is not None,
-                                          HAS_M=m is not None, BLOCK=SEQ_BLOCK, num_warps=SEQ_WARPS)
+        _SEQ_SUM((start.numel(),), [a, b if b is not None else dummy, m if m is not None else dummy, order, start,
+                                    count, out, loop_bound(max_len)],
+                 {"HAS_B": b is not None, "HAS_M": m is not None, "BLOCK": SEQ_BLOCK}, SEQ_WARPS)
     return out
 
 
@@ -146,8 +151,7 @@ class _DpoFn(torch.autograd.Function):
         n, n_samples = lp.numel(), plan[1].numel()
         out = torch.empty(n, dtype=torch.float32, device=device)
         if n:
-            _dpo_fwd_kernel[(cdiv(n, ROW_BLOCK),)](seq, sample, out, n, n_samples, float(beta),
-                                                         BLOCK=ROW_BLOCK, num_warps=4)
+            _DPO_FWD((cdiv(n, ROW_BLOCK),), [seq, sample, out, n, n_samples, float(beta)], {"BLOCK": ROW_BLOCK}, 4)
         ctx.save_for_backward(lp, mask, sample, seq)
         ctx.plan, ctx.beta = plan, beta
         return out
@@ -159,8 +163,8 @@ class _DpoFn(torch.autograd.Function):
         d = torch.empty_like(lp)
         n = lp.numel()
         if n:
-            _dpo_bwd_kernel[(cdiv(n, ROW_BLOCK),)](seq, gseq, sample, mask, d, n, seq.numel(),
-                                                         float(ctx.beta), BLOCK=ROW_BLOCK, num_warps=4)
+            _DPO_BWD((cdiv(n, ROW_BLOCK),), [seq, gseq, sample, mask, d, n, seq.numel(), float(ctx.beta)],
+                     {"BLOCK": ROW_BLOCK}, 4)
         return d, None, None, None, None, None
 
 

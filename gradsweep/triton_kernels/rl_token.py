@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsweep.triton_kernels._common import cdiv, loop_bound, to_out
+from gradsweep.triton_kernels._common import FastLaunch, cdiv, loop_bound, to_out
 
 BLOCK = 1024
 WARPS = 4
@@ -49,13 +49,17 @@ def _ratio_bwd_kernel(LP, OLD, G, D, n, BLOCK: tl.constexpr):
     tl.store(D + off, to_out(g * tl.exp(lp - old), D.dtype.element_ty), mask=m)
 
 
+_RATIO_FWD = FastLaunch(_ratio_fwd_kernel)
+_RATIO_BWD = FastLaunch(_ratio_bwd_kernel)
+
+
 class _RatioFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logp, old):  # type: ignore[override]
         lp, old = _flat(logp), _flat(old)
         out = torch.empty(lp.shape, dtype=torch.float32, device=lp.device)
         if lp.numel():
-            _ratio_fwd_kernel[_grid(lp.numel())](lp, old, out, lp.numel(), BLOCK=BLOCK, num_warps=WARPS)
+            _RATIO_FWD(_grid(lp.numel()), [lp, old, out, lp.numel()], {"BLOCK": BLOCK}, WARPS)
         ctx.save_for_backward(lp, old)
         ctx.shape = logp.shape
         return out.view(logp.shape)
@@ -65,8 +69,7 @@ class _RatioFn(torch.autograd.Function):
         lp, old = ctx.saved_tensors
         d = torch.empty_like(lp)
         if lp.numel():
-            _ratio_bwd_kernel[_grid(lp.numel())](lp, old, _flat(g.float()), d, lp.numel(), BLOCK=BLOCK,
-                                                 num_warps=WARPS)
+            _RATIO_BWD(_grid(lp.numel()), [lp, old, _flat(g.float()), d, lp.numel()], {"BLOCK": BLOCK}, WARPS)
         return d.view(ctx.shape), None
 
 
@@ -104,13 +107,17 @@ def _kl_bwd_kernel(LP, REF, G1, G2, G3, D, n, BLOCK: tl.constexpr):
     tl.store(D + off, to_out(grad, D.dtype.element_ty), mask=m)
 
 
+_KL_FWD = FastLaunch(_kl_fwd_kernel)
+_KL_BWD = FastLaunch(_kl_bwd_kernel)
+
+
 class _KlFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logp, ref):  # type: ignore[override]
         lp, ref = _flat(logp), _flat(ref)
         outs = [torch.empty(lp.shape, dtype=torch.float32, device=lp.device) for _ in range(3)]
         if lp.numel():
-            _kl_fwd_kernel[_grid(lp.numel())](lp, ref, *outs, lp.numel(), BLOCK=BLOCK, num_warps=WARPS)
+            _KL_FWD(_grid(lp.numel()), [lp, ref, *outs, lp.numel()], {"BLOCK": BLOCK}, WARPS)
         ctx.save_for_backward(lp, ref)
         ctx.shape = logp.shape
         return tuple(o.view(logp.shape) for o in outs)
@@ -122,7 +129,7 @@ class _KlFn(torch.autograd.Function):
               for g in (g1, g2, g3)]
         d = torch.empty_like(lp)
         if lp.numel():
-            _kl_bwd_kernel[_grid(lp.numel())](lp, ref, *gs, d, lp.numel(), BLOCK=BLOCK, num_warps=WARPS)
+            _KL_BWD(_grid(lp.numel()), [lp, ref, *gs, d, lp.numel()], {"BLOCK": BLOCK}, WARPS)
         return d.view(ctx.shape), None
 
 
@@ -201,6 +208,10 @@ def _policy_bwd_kernel(LP, OLD, REF, ADV, S, REW, G, D, n, N, GROUP, CLIP_LO, CL
     tl.store(D + off, to_out(g * dloss, D.dtype.element_ty), mask=m)
 
 
+_POLICY_FWD = FastLaunch(_policy_fwd_kernel)
+_POLICY_BWD = FastLaunch(_policy_bwd_kernel)
+
+
 class _PolicyFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logp, old, ref, adv, sample, rewards, cfg):  # type: ignore[override]
@@ -208,8 +219,7 @@ class _PolicyFn(torch.autograd.Function):
         args = [lp, _flat(old), ref, adv, sample, rewards]
         out = torch.empty(lp.shape, dtype=torch.float32, device=lp.device)
         if lp.numel():
-            _policy_fwd_kernel[_grid(lp.numel())](*args, out, lp.numel(), *cfg.scalars(), GROUPED=cfg.grouped,
-                                                  KL=cfg.kl, BLOCK=BLOCK, num_warps=WARPS)
+            _POLICY_FWD(_grid(lp.numel()), [*args, out, lp.numel(), *cfg.scalars()], cfg.consts(), WARPS)
         ctx.save_for_backward(*args)
         ctx.cfg, ctx.shape = cfg, logp.shape
         return out.view(logp.shape)
@@ -220,8 +230,7 @@ class _PolicyFn(torch.autograd.Function):
         cfg = ctx.cfg
         d = torch.empty_like(args[0])
         if d.numel():
-            _policy_bwd_kernel[_grid(d.numel())](*args, _flat(g.float()), d, d.numel(), *cfg.scalars(),
-                                                 GROUPED=cfg.grouped, KL=cfg.kl, BLOCK=BLOCK, num_warps=WARPS)
+            _POLICY_BWD(_grid(d.numel()), [*args, _flat(g.float()), d, d.numel(), *cfg.scalars()], cfg.consts(), WARPS)
         return d.view(ctx.shape), None, None, None, None, None, None
 
 
@@ -235,6 +244,10 @@ class _PolicyConfig:
     def scalars(self) -> tuple:
         return (self.num_samples, loop_bound(self.group), float(self.clip_low), float(self.clip_high),
                 float(self.beta), float(self.adv_eps))
+
+    def consts(self) -> dict:
+        """The policy kernels' constexpr parameters."""
+        return {"GROUPED": self.grouped, "KL": self.kl, "BLOCK": BLOCK}
 
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float,
