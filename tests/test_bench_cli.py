@@ -3,10 +3,6 @@ clock, and the documented exit codes for a box without a GPU and for bad input."
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel module is imported
-
 import importlib.util
 
 import pytest

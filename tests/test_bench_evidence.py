@@ -4,10 +4,6 @@ stale when an input changes, rendered by ``report`` as a table, markdown and JUn
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel module is imported
-
 import base64
 import json
 import shutil

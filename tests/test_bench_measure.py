@@ -4,10 +4,6 @@ it were fine)."""
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel module is imported
-
 import torch
 
 from gradsweep.bench.cases import Case

@@ -9,10 +9,6 @@ canonical tiles (64-token GEMM tiles, 32-token norm tiles), a one-token sample s
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel is decorated
-
 import pytest
 
 from gradsweep.harness.kernel_check import check_kernel

@@ -8,10 +8,6 @@ must be named as the first differing boundary, and must carry the logp drift tha
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel module is imported
-
 from pathlib import Path
 
 import pytest

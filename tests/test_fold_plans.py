@@ -11,10 +11,6 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any triton kernel module is imported
-
 import hashlib
 from collections import Counter
 

@@ -7,10 +7,6 @@ order of a real model, an unfolded parameter. Every prediction is exact: the set
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel module is imported
-
 import pytest
 import torch
 

@@ -7,10 +7,6 @@ come in any order.
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel is decorated
-
 import pytest
 import torch
 from pydantic import ValidationError

@@ -6,10 +6,6 @@ layouts is written here. The Triton family must be green on every layout of the 
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel is decorated
-
 import pytest
 
 from gradsweep.harness import run_cell

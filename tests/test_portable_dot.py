@@ -9,10 +9,6 @@ its bitwise layout verdicts (and never call the host matmul at all: they use ``_
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any triton kernel module is imported
-
 import ast
 import pathlib
 

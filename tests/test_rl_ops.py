@@ -5,10 +5,6 @@ weights that depend on logical identity only."""
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel module is imported
-
 import pytest
 import torch
 

@@ -10,10 +10,6 @@ the signed zero of a masked key never reaches o; refusals; rewinding a decode ca
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any triton kernel module is imported
-
 import dataclasses
 
 import pytest

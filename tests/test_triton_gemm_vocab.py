@@ -7,11 +7,6 @@ follows M, dW summed per call) that must break those checks, and linear_logp nev
 No tolerance lives here.
 """
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any triton kernel module is imported
-
-
 import numpy as np
 import pytest
 import torch

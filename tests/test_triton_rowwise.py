@@ -9,10 +9,6 @@ whether a fold is given). No tolerance lives here: accuracy goes through manifes
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any triton kernel module is imported
-
 import ast
 import math
 import pathlib

@@ -7,10 +7,6 @@ layout of every op. A missing shipped manifest is a failure, never a skip.
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # the CI's tile sizes are the interpreter's
-
 from importlib import import_module
 
 from gradsweep.layouts import build_calls
