@@ -264,3 +264,19 @@ def test_kernels_rounds_follow_a_burst_of_the_same_calls() -> None:
     seen.clear()
     CudaTimer(Budget.quick())._heat(calls)
     assert seen == [] and Budget.quick().kernel_heat_ms == 0.0
+
+
+def test_ceilings_carry_the_runs_host_figures_and_old_evidence_reads_without_them() -> None:
+    """The host figures beside the ceilings (a stock torch launch, a fixed Python loop) are measured in the same
+    run, shown where the ceilings are, and optional: evidence written before them parses and shows none."""
+    from gradsweep.bench.ceilings import Ceilings, measure_ceilings
+    from gradsweep.bench.timing import Budget, HostTimer
+
+    ceilings = measure_ceilings(HostTimer(Budget.quick()), CPU, quick=True)
+    assert ceilings.host_launch is not None and ceilings.host_python is not None
+    assert 0 < ceilings.host_launch.value < 1e5 and ceilings.host_launch.unit == "us"
+    assert 0 < ceilings.host_python.value < 1e5 and ceilings.host_python.timing.samples > 1
+    text = ceilings.host_text()
+    assert text.startswith("; host: torch launch ") and f"{ceilings.host_python.value:.1f} us" in text
+    old = Ceilings.model_validate(ceilings.model_dump(exclude={"host_launch", "host_python"}))
+    assert old.host_launch is None and old.host_text() == ""

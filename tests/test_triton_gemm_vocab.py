@@ -147,6 +147,19 @@ def test_dw_stretches_are_kept_only_for_a_read_only_plan():
 
 # ---------------------------------------------------------------- planted defects are caught
 
+def test_tma_tiles_by_row_count():
+    """The TMA GEMM's tile table: rows ordered by least M, the first at TMA_MIN_M, each M served by the last row
+    it reaches (the boundaries the GPU test's M list straddles); below TMA_MIN_M there is no TMA tile."""
+    leasts = [least for least, *_ in gemm._TMA_TILES]
+    assert leasts == sorted(set(leasts)) and leasts[0] == gemm.TMA_MIN_M
+    for i, (least, cfg, warps, stages) in enumerate(gemm._TMA_TILES):
+        upper = gemm._TMA_TILES[i + 1][0] - 1 if i + 1 < len(gemm._TMA_TILES) else 1 << 20
+        for m in (least, upper):
+            assert gemm._tma_tiles(m) == (cfg, warps, stages), m
+    with pytest.raises(ValueError, match="M >= "):
+        gemm._tma_tiles(gemm.TMA_MIN_M - 1)
+
+
 def test_planted_split_k_is_caught():
     def split_k(x):  # split-K whose presence depends on M: fp32 partials summed
         if x.shape[0] < 8:
@@ -270,15 +283,15 @@ fns = {"fwd": lambda n: gemm.matmul_invariant(x[:n], w),
        "dx_contiguous": lambda n: gemm.matmul_invariant(dy[:n], w.t()),
        "logp": lambda n: lp.logp_forward(x[:n], t[:n])[0],
        "linear_logp": lambda n: ll.fused_forward(x[:n], w, t[:n])[0]}
-# M >= gemm.TMA_MIN_M runs the persistent TMA kernel with large tiles, TMA_MID_MIN_M <= M < TMA_MIN_M with small
-# ones, smaller M _mm_kernel: rows must not tell the three apart
+# M >= gemm.TMA_MIN_M runs the persistent TMA kernel (tiles by M: gemm._TMA_TILES), smaller M _mm_kernel: rows
+# must not tell any of them apart
 assert gemm._tma_ok(x, w.t(), torch.empty(4096, 1000, device="cuda", dtype=torch.bfloat16))
 assert gemm._tma_ok(dy, w, torch.empty(4096, 512, device="cuda", dtype=torch.bfloat16))  # dX: B = W itself
 assert gemm._tma_ok(x[:256], w.t(), torch.empty(256, 1000, device="cuda", dtype=torch.bfloat16))
 assert not gemm._tma_ok(x[:255], w.t(), torch.empty(255, 1000, device="cuda", dtype=torch.bfloat16))
 for name, f in fns.items():
     full = f(4096)
-    for m in (1, 2, 3, 7, 16, 64, 255, 256, 257, 1000, 1023, 1024, 1031, 2912):
+    for m in (1, 2, 3, 7, 16, 64, 255, 256, 257, 511, 512, 767, 768, 1000, 1023, 1024, 1031, 2912):
         assert torch.equal(bits(f(m)), bits(full[:m])), (name, m)
 print("GPU-OK")
 """

@@ -134,6 +134,47 @@ def test_hooks_or_scratch_take_the_runner(fast, monkeypatch) -> None:
     assert fn.calls[-1][0] == "direct" and fn.calls[-1][1][13:] == ("address", 16, 64)
 
 
+def test_host_descriptors_are_expanded_as_tritons_wrapper_does_and_kept(fast, monkeypatch) -> None:
+    """A kernel with host TMA descriptors: the direct path calls the C launcher inside Triton's descriptor wrapper
+    with exactly the arguments the wrapper would give it (Triton's own wrapper, a recording C launcher and a fake
+    encoder as the driver's), encodes each (address, shape, strides, metadata) once, and encodes again for a new
+    address. A plain C launcher (the other tests) is left as it is."""
+    import triton
+    from triton.backends.nvidia import driver as nvd
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    fills: list = []
+
+    class _Utils:
+        def fill_tma_descriptor(self, *a):
+            fills.append(a)
+            return ("tensormap", *a[:2], tuple(a[4]), tuple(a[5]), tuple(a[6]))
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", type("_Driver", (), {"utils": _Utils()})())
+    meta_a = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [64, 64], "fp4_padded": False}
+    meta_c = {"swizzle": 2, "elem_size": 2, "elem_type": 10, "block_size": [64, 32], "fp4_padded": False}
+    signature = {"a": "tensordesc<bf16[64, 64]>", "n": "i32", "c": "tensordesc<bf16[64, 32]>", "BLOCK": "constexpr"}
+    raw_calls: list = []
+    compiled = _Compiled([])
+    compiled.run.launch = nvd.wrap_handle_tensordesc(lambda *a: raw_calls.append(a), signature, [meta_a, meta_c])
+    direct = _launch.Direct(compiled, (128,))
+    if direct.descs is None and not triton.__version__.startswith("3.6."):
+        pytest.skip(f"triton {triton.__version__}'s descriptor wrapper has another shape: FastLaunch leaves it be")
+    assert direct.descs is not None and [d[0] for d in direct.descs] == [0, 2]
+    x, y, z = (torch.zeros(128, 256, dtype=torch.bfloat16) for _ in range(3))
+
+    def descs(base_a, base_c):
+        return [TensorDescriptor(base_a, [128, 256], [256, 1], [64, 64]), 77,
+                TensorDescriptor(base_c, [128, 256], [256, 1], [64, 32])]
+
+    for args in (descs(x, y), descs(x, y), descs(z, y)):  # the third: a new address for the first descriptor
+        direct((2, 1, 1), args, list(args), False, 3)
+        ours = raw_calls.pop()
+        compiled.run.launch(2, 1, 1, 1003, *direct.head, *args, 128)  # Triton's own expansion, for reference
+        assert ours == raw_calls.pop()
+    assert len(fills) == 2 + 2 + 2 + 1 + 2  # ours: 2, 0, 1; Triton's wrapper: 2 every launch
+
+
 def test_hook_detection_reads_tritons_hook_chains() -> None:
     class Chain:
         def __init__(self, calls):
@@ -213,6 +254,36 @@ def test_gpu_direct_launch_bits_equal_a_plain_launch() -> None:
     """Compiled kernels (no interpreter, so in a clean process): direct launches give a plain launch's bits, and a
     launch hook set later runs (the runner's path)."""
     res = run_compiled(_GPU_SCRIPT, timeout=300, drop=("TRITON_INTERPRET", "GRADSWEEP_FAST_LAUNCH"))
+    assert "GPU-OK" in res.stdout, res.stdout + res.stderr
+
+
+_GPU_TMA_SCRIPT = r"""
+import torch
+from gradsweep.triton_kernels import _launch, gemm
+assert _launch.FAST_LAUNCH
+gen = torch.Generator(device="cuda").manual_seed(6)
+w = torch.randn(1024, 512, generator=gen, device="cuda").bfloat16()
+x = torch.randn(4096, 512, generator=gen, device="cuda").bfloat16()
+fast = []
+for m in (4096, 256, 4096, 700, 256):  # new outputs each call: kept tensor maps hit for x and w, miss for outputs
+    fast.append(gemm.matmul_invariant(x[:m], w))
+torch.cuda.synchronize()
+directs = list(gemm._MM_TMA.compiled.values())
+assert directs and all(d.descs is not None for d in directs), "the descriptors were not expanded here"
+_launch.FAST_LAUNCH = False  # Triton's own launch path: its wrapper encodes every descriptor
+for m, out in zip((4096, 256, 4096, 700, 256), fast):
+    plain = gemm.matmul_invariant(x[:m], w)
+    assert torch.equal(out.view(torch.int16), plain.view(torch.int16)), m
+print("GPU-OK")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_kept_tensor_maps_give_a_plain_launchs_bits() -> None:
+    """The TMA GEMM through the direct path with its descriptors expanded and kept: the bits of Triton's own
+    launch path at several M, the kept maps reused across calls and new output addresses."""
+    res = run_compiled(_GPU_TMA_SCRIPT, timeout=300, drop=("TRITON_INTERPRET", "GRADSWEEP_FAST_LAUNCH"))
     assert "GPU-OK" in res.stdout, res.stdout + res.stderr
 
 

@@ -180,7 +180,8 @@ def run_bench(opts: BenchOptions, say: Say = lambda s: None) -> BenchOutcome:
     for profile, why in selection.blocked.items():
         say(f"  profile {profile}: not benched ({why})")
     ceilings = measure_ceilings(timer, device, opts.quick)
-    say(f"  ceilings: copy {ceilings.copy_gbps:.0f} GB/s, cuBLAS bf16 {ceilings.gemm_tflops:.1f} TFLOP/s")
+    say(f"  ceilings: copy {ceilings.copy_gbps:.0f} GB/s, cuBLAS bf16 {ceilings.gemm_tflops:.1f} TFLOP/s"
+        f"{ceilings.host_text()}")
     check_lengths = list(QUICK_CHECK_LENGTHS if opts.quick else manifest.samples.lengths)
     records: list[CaseRecord] = []
     for i, case in enumerate(selection.cases, 1):

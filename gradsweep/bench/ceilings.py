@@ -1,9 +1,16 @@
 """The run's own ceilings, measured in the same run as the cases: device-to-device copy bandwidth and the
 cuBLAS bf16 GEMM rate. Fractions of them (``copy_fraction``, ``gemm_fraction``) compare a kernel with what
-this very GPU did, not with a datasheet."""
+this very GPU did, not with a datasheet.
+
+Two host figures beside them, for reading host-bound rows across runs (they judge nothing): the lent boxes' hosts
+differ, and a step whose host / e2e is ~1.00x follows its host more than its code (the CUDA rms_norm backward,
+unchanged code, ran 1.92x, 1.33x and 0.67x torch on three boxes). ``host_launch``: one stock torch launch end to
+end (an in-place add on a one-element tensor: dispatch and launch, no device work to wait for); ``host_python``:
+a fixed pure-Python loop (the interpreter speed that the Triton family's host glue runs at)."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -26,6 +33,14 @@ class Ceilings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     copy_bandwidth: Ceiling
     gemm_rate: Ceiling
+    host_launch: Ceiling | None = None  # absent in evidence written before the host figures
+    host_python: Ceiling | None = None
+
+    def host_text(self) -> str:
+        """``"; host: torch launch 4.1 us, Python loop 2.0 us"``, or "" where the run has no host figures."""
+        if self.host_launch is None or self.host_python is None:
+            return ""
+        return f"; host: torch launch {self.host_launch.value:.1f} us, Python loop {self.host_python.value:.1f} us"
 
     @property
     def copy_gbps(self) -> float:
@@ -51,8 +66,46 @@ def measure_ceilings(timer: Timer, device: torch.device, quick: bool) -> Ceiling
     a = torch.randn(n, n, generator=gen, device=device).to(torch.bfloat16)
     b = torch.randn(n, n, generator=gen, device=device).to(torch.bfloat16)
     t_mm = timer.e2e([lambda: a @ b])
+    tiny = torch.zeros(1, device=device)
+    t_launch = timer.e2e([lambda: tiny.add_(1)])
+    t_python = python_loop_timing()
     return Ceilings(
         copy_bandwidth=Ceiling(value=moved / t_copy.median_ms / 1e6, unit="GB/s", timing=t_copy,
                      what=f"device-to-device copy of {elements * 2 / 2**20:.0f} MiB (bytes read + written)"),
         gemm_rate=Ceiling(value=2 * n**3 / t_mm.median_ms / 1e9, unit="TFLOP/s", timing=t_mm,
-                     what=f"cuBLAS bf16 {n}x{n}x{n} product (torch.matmul)"))
+                     what=f"cuBLAS bf16 {n}x{n}x{n} product (torch.matmul)"),
+        host_launch=Ceiling(value=t_launch.median_ms * 1e3, unit="us", timing=t_launch,
+                            what="one stock torch launch end to end (in-place add on a one-element tensor)"),
+        host_python=Ceiling(value=t_python.median_ms * 1e3, unit="us", timing=t_python,
+                            what=f"a fixed pure-Python loop ({PYTHON_LOOP} iterations of attribute, dict and "
+                                 "tuple work)"))
+
+
+PYTHON_LOOP = 200
+
+
+class _Probe:
+    __slots__ = ("a", "b")
+
+    def __init__(self) -> None:
+        self.a, self.b = 1, 2
+
+
+def _python_loop() -> int:
+    """Attribute reads, a dict lookup and a small tuple per iteration: the shape of a launch's host glue."""
+    probe, table, acc = _Probe(), {"k": 3}, 0
+    for i in range(PYTHON_LOOP):
+        key = (probe.a, i & 7, probe.b)
+        acc += table.get("k", 0) + key[1]
+    return acc
+
+
+def python_loop_timing(samples: int = 15, calls: int = 50) -> Timing:
+    """Per-call time of ``_python_loop`` (median over samples of ``calls`` calls)."""
+    per_call = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            _python_loop()
+        per_call.append((time.perf_counter() - t0) / calls * 1e3)
+    return Timing.of(per_call, calls)

@@ -104,7 +104,7 @@ def bench_table(pred: BenchPredicate) -> Table:
     title = f"gradsweep bench: {pred.manifest.name} on {gpu}"
     if pred.ceilings is not None:
         title += (f" (copy {pred.ceilings.copy_gbps:.0f} GB/s, cuBLAS bf16 {pred.ceilings.gemm_tflops:.0f} "
-                  "TFLOP/s, same run)")
+                  f"TFLOP/s{pred.ceilings.host_text()}, same run)")
     table = Table(title=title, show_lines=False)
     for col in ("op", "case", "family", "e2e ms", "stock ms", "e2e/stock", "kernels/stock", "other", "targets",
                 "check"):
@@ -207,7 +207,8 @@ def render_bench_markdown(pred: BenchPredicate, banners: Sequence[str] = (), not
            f"{pred.targets.path} v{pred.targets.version}."]
     if pred.ceilings is not None:
         out += ["", f"Ceilings of the same run: copy {pred.ceilings.copy_gbps:.0f} GB/s, cuBLAS bf16 "
-                    f"{pred.ceilings.gemm_tflops:.0f} TFLOP/s. End to end: the public call as a trainer makes it "
+                    f"{pred.ceilings.gemm_tflops:.0f} TFLOP/s{pred.ceilings.host_text()}. End to end: the public "
+                    "call as a trainer makes it "
                     "(planning, uploads, launches, kernels); kernels only: device busy time."]
     out += ["", HOST_NOTE, "", TABLE_HEAD, TABLE_RULE, *_md_rows(pred)]
     return "\n".join(out) + "\n"
@@ -224,7 +225,8 @@ def readme_block(pred: BenchPredicate, evidence: str) -> str:
         lines.append(f"**{SMOKE}.**")
     if pred.ceilings is not None:
         lines.append(f"Same-run ceilings: copy {pred.ceilings.copy_gbps:.0f} GB/s, cuBLAS bf16 "
-                     f"{pred.ceilings.gemm_tflops:.0f} TFLOP/s. End to end = what a training step pays (planning, "
+                     f"{pred.ceilings.gemm_tflops:.0f} TFLOP/s{pred.ceilings.host_text()}. End to end = what a "
+                     "training step pays (planning, "
                      "uploads, launches, kernels); kernels only = device busy time.")
     lines += [HOST_NOTE, "", TABLE_HEAD, TABLE_RULE, *_md_rows(pred)]
     return "\n".join(lines) + "\n"

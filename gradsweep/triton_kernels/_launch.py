@@ -58,13 +58,17 @@ class Direct:
     """One compiled specialisation and everything its C launcher needs except grid, stream and arguments.
 
     ``launch`` is None where the direct call would not be what Triton does (scratch to allocate, or a Triton
-    without the attributes read here): then the compiled kernel's runner launches.
+    without the attributes read here): then the compiled kernel's runner launches. For a kernel with host TMA
+    descriptors, ``launch`` is the C launcher inside Triton's descriptor wrapper and ``descs`` says where the
+    descriptors stand: each is expanded as the wrapper would (``_tensormap_args``), its encoded tensor map kept.
     """
 
-    __slots__ = ("compiled", "head", "launch", "tail")
+    __slots__ = ("compiled", "descs", "expand", "head", "launch", "tail")
 
     def __init__(self, compiled, const_values: tuple) -> None:
         self.compiled, self.tail = compiled, const_values
+        self.descs: tuple | None = None
+        self.expand = None
         run = compiled.run  # Triton's CudaLauncher (loads the module and function handles on first access)
         try:
             plain = run.global_scratch_size == 0 and run.profile_scratch_size == 0
@@ -73,13 +77,67 @@ class Direct:
                          compiled.packed_metadata, None, None, None)
         except AttributeError:  # another Triton's launcher: its runner only
             self.launch, self.head = None, ()
+        if self.launch is not None:
+            unwrapped = _unwrap_tensordesc(self.launch, 4 + len(self.head))
+            if unwrapped is not None:
+                self.launch, self.descs, self.expand = unwrapped
 
     def __call__(self, grid: tuple[int, int, int], args: list, bound: list, hooks: bool, device: int) -> None:
         """``args`` as given (what a hook's launch metadata may read), ``bound`` with tensors as addresses."""
         if self.launch is None or hooks:
             self.compiled[grid](*args, *self.tail)
             return
+        if self.descs is not None:
+            bound = list(bound)
+            for pos, meta, meta_key in reversed(self.descs):  # from the last: earlier positions stay put
+                bound[pos:pos + 1] = _tensormap_args(bound[pos], meta, meta_key, self.expand)
         self.launch(grid[0], grid[1], grid[2], _raw_stream(device), *self.head, *bound, *self.tail)
+
+
+# Host TMA descriptors, expanded. Triton 3.6 wraps the C launcher of a kernel with tensor-descriptor parameters in
+# a Python function (``wrap_handle_tensordesc``) that loops over every argument and encodes each descriptor's
+# CUtensorMap (``make_tensordesc_arg`` -> ``fill_tma_descriptor``) at every launch: three encodes and the loop per
+# TMA GEMM, which a small-M step pays on the host. The expansion is a pure function of the descriptor's base
+# address, shape, strides and padding and of the kernel's descriptor metadata (swizzle, element type and size,
+# block, fp4 padding), so its result for the same inputs is kept and reused: the same bytes reach the kernel.
+_TENSORMAPS: dict[tuple, list] = {}
+_TENSORMAPS_MAX = 4096  # entries (~200 bytes each); the whole table is dropped when full
+
+
+def _unwrap_tensordesc(launch, base_len: int) -> tuple | None:
+    """(C launcher, ((position, metadata, metadata key), ...), expansion) when ``launch`` is Triton's
+    descriptor wrapper with metadata for every descriptor and the argument layout read here; None otherwise (a
+    plain C launcher, or a wrapper of another shape: it stays as it is)."""
+    code, cells = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
+    if code is None or cells is None:
+        return None
+    free = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+    glob = getattr(launch, "__globals__", {})
+    raw, where, metas = free.get("launcher"), free.get("tensordesc_indices"), free.get("tensordesc_meta")
+    expand = glob.get("make_tensordesc_arg")
+    if raw is None or expand is None or glob.get("_BASE_ARGS_FORMAT_LEN") != base_len:
+        return None
+    if not isinstance(where, (set, frozenset)) or not isinstance(metas, list) or len(where) != len(metas):
+        return None
+    descs = []
+    for pos, meta in zip(sorted(where), metas):
+        if meta is None:  # Triton passes the tensor itself for these: nothing to keep, leave the wrapper
+            return None
+        descs.append((pos, meta, (meta["swizzle"], meta["elem_size"], meta["elem_type"],
+                                  tuple(meta["block_size"]), meta["fp4_padded"])))
+    return raw, tuple(descs), expand
+
+
+def _tensormap_args(desc, meta: dict, meta_key: tuple, expand) -> list:
+    """Triton's expansion of one host descriptor (``[tensor map, *shape, *strides]``), kept per input."""
+    key = (desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides), desc.padding, meta_key)
+    hit = _TENSORMAPS.get(key)
+    if hit is None:
+        hit = expand(desc, meta)
+        if len(_TENSORMAPS) >= _TENSORMAPS_MAX:
+            _TENSORMAPS.clear()
+        _TENSORMAPS[key] = hit
+    return hit
 
 
 def _device() -> int:

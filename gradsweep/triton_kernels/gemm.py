@@ -172,24 +172,39 @@ def _mm_tma_kernel(a_desc, w_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.con
         c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_desc.dtype))
 
 
-_TMA_CFG = {"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8}  # measured best at every large shape (notes)
-_TMA_WARPS, _TMA_STAGES, TMA_MIN_M = 8, 3, 1024
-# 256 <= M < 1024: smaller output tiles fill the GPU (M = 256, N = K = 4096: 128 tiles instead of 32). Kernel time
-# by graph replay on the H200 at M = 256: fwd 19.8 -> 15.5 us (cuBLAS 14.5), dX 17.4 -> 16.9 us (cuBLAS 14.4); at
-# M <= 16 the pointer kernel stays faster (bench/results/small_m_tma_2026-12-03/). A speed choice only: the TMA
-# kernel gives _mm_kernel's bits for every tile shape (one ascending chain over K).
-_TMA_MID_CFG = {"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8}
-_TMA_MID_WARPS, _TMA_MID_STAGES, TMA_MID_MIN_M = 4, 5, 256
+# The persistent TMA kernel's tiles by row count: (least M, tiles, warps, stages), the last row whose least M <= M
+# wins. Smaller output tiles fill the GPU at small M (M = 256, N = K = 4096: 128 tiles of 64 x 128 against 32 of
+# 128 x 256). Kernel time by graph replay on the H200, N = K = 4096, against cuBLAS: M = 256 fwd 1.07x / dX 1.18x
+# with 64 x 128 (the pointer kernel 1.37x / 1.21x; bench/results/small_m_tma_2026-12-03/); M = 512 fwd 0.98x / dX
+# 1.02x with 128 x 128 (64 x 128: 1.32x / 1.29x); M = 768 and 1023 1.17x / 0.98x fwd with 128 x 256 (128 x 128:
+# 1.30x / 1.08x; bench/results/mid_m_tma_2026-12-03/). Below 256 the pointer kernel stays faster. A speed choice
+# only: the TMA kernel gives _mm_kernel's bits for every tile shape (one ascending chain over K).
+_TMA_TILES = (
+    (256, {"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8}, 4, 5),
+    (512, {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8}, 8, 4),
+    (768, {"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8}, 8, 3),  # measured best at every large shape (notes)
+)
+TMA_MIN_M = _TMA_TILES[0][0]
+
+
+def _tma_tiles(m: int) -> tuple[dict, int, int]:
+    """(tiles, warps, stages) of the TMA kernel for m rows (m >= TMA_MIN_M)."""
+    for least, cfg, warps, stages in reversed(_TMA_TILES):
+        if m >= least:
+            return cfg, warps, stages
+    raise ValueError(f"the TMA GEMM takes M >= {TMA_MIN_M}, got {m}")
+
+
 _TMA_DTYPES = (torch.bfloat16, torch.float16)  # an fp32 C tile would not fit in shared memory
 _SMS: dict[int, int] = {}
 
 
 def _tma_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether the TMA kernel can take out = a @ b: a Hopper-class GPU, M >= TMA_MID_MIN_M, a [M,K] contiguous 16-bit,
+    """Whether the TMA kernel can take out = a @ b: a Hopper-class GPU, M >= TMA_MIN_M, a [M,K] contiguous 16-bit,
     b [K,N] a contiguous [N,K] weight seen transposed or contiguous itself, out contiguous, and TMA's rules on each
     (``_tma_rows``)."""
     # the row count first (every small-M launch asks; ``a.device`` would build a torch.device object)
-    if a.shape[0] < TMA_MID_MIN_M or INTERPRET or TensorDescriptor is None or not a.is_cuda or _capability(a) < 9:
+    if a.shape[0] < TMA_MIN_M or INTERPRET or TensorDescriptor is None or not a.is_cuda or _capability(a) < 9:
         return False
     if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype or out.dtype not in _TMA_DTYPES:
         return False
@@ -207,8 +222,7 @@ def _launch_mm_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch
     """out = a @ b through ``_mm_tma_kernel`` (``_tma_ok`` holds): b [K, N] a transposed weight or contiguous."""
     m, k = a.shape
     n = b.shape[1]
-    cfg, warps, stages = ((_TMA_CFG, _TMA_WARPS, _TMA_STAGES) if m >= TMA_MIN_M else
-                          (_TMA_MID_CFG, _TMA_MID_WARPS, _TMA_MID_STAGES))
+    cfg, warps, stages = _tma_tiles(m)
     dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
     if dev not in _SMS:
         _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
