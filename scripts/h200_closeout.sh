@@ -30,6 +30,13 @@ new=$(mktemp -d); logs=$(mktemp -d)
 mkdir -p "$state" out
 cp -a "$state"/. "$new"/ 2>/dev/null
 note() { echo "$*" | tee -a "$new/summary.txt"; }
+# OUT holds the state after every finished step, not only at the end: a call killed past its device limit (the
+# limit can be shorter than asked when a cold start ate the session's device time) still returns what it finished.
+save() {
+  cp "$new/summary.txt" "$out/summary.txt"
+  tar -czf "$out/.state.tar.gz" -C "$new" . && mv "$out/.state.tar.gz" "$out/state.tar.gz"
+  tar -czf "$out/.logs.tar.gz" -C "$logs" . && mv "$out/.logs.tar.gz" "$out/logs.tar.gz"
+}
 note "--- call at $(date -u +%FT%TZ), deadline ${deadline} s"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
 if [ -d .whl ]; then
@@ -77,6 +84,7 @@ else
     note "sweep: $(( $(wc -l < "$new/h200.evidence.json.partial.jsonl") - 1 )) cell(s) done so far"
   fi
   tail -4 "$logs/sweep.log"
+  save
 fi
 
 # 3. the bench, one evidence file per group of ops, only once the sweep is complete
@@ -93,6 +101,7 @@ if [ -f "$new/h200.evidence.json" ]; then
       note "drift rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s)"
       if [ $rc -eq 0 ]; then mkdir -p "$new/drift" && cp -a out/drift/. "$new/drift"/ && cp "$logs/drift.log" "$new/drift/"; fi
       tail -25 "$logs/drift.log"
+      save
       continue
     fi
     name=h200.bench-$(echo "$group" | tr ' ' '-')
@@ -112,11 +121,10 @@ if [ -f "$new/h200.evidence.json" ]; then
     fi
     cp "$logs/$name.log" "$new/$name.log"
     tail -40 "$logs/$name.log"
+    save
   done
 fi
 
-cp "$new/summary.txt" "$out/summary.txt"
-tar -czf "$out/state.tar.gz" -C "$new" .
-tar -czf "$out/logs.tar.gz" -C "$logs" .
 note "call done in $(( $(date +%s) - t_start )) s"
+save
 cat "$new/summary.txt" | tail -12
