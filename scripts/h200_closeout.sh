@@ -11,7 +11,10 @@
 # the next call; a cut bench or drift leaves nothing and runs again next call.
 # Usage (repo root, on the GPU machine):
 #   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--bench-ops "OP OP ..."]... [--drift]
-# OUT gets: state.tar.gz (everything the next call needs and every result so far), logs.tar.gz, summary.txt.
+# OUT gets: state.tar.gz (everything the next call needs and every result so far), logs.tar.gz, summary.txt, and
+# triton-cache.tar.gz (Triton's compile cache at the end of the call, when it packs to 15 MiB or less): put it in
+# the next call's STATE folder and that call starts with the kernels compiled (a fresh box spends ~90 s of the
+# sweep compiling; the cache is keyed by each kernel's source and options, so a changed kernel compiles anew).
 set -uo pipefail
 state=${1:?STATE}; out=${2:?OUT}; key=${3:?signing key}; shift 3
 deadline=560; groups=()
@@ -29,6 +32,7 @@ pub="${key%.pem}.pub.pem"
 new=$(mktemp -d); logs=$(mktemp -d)
 mkdir -p "$state" out
 cp -a "$state"/. "$new"/ 2>/dev/null
+rm -f "$new/triton-cache.tar.gz"  # travels beside the state, not inside it
 note() { echo "$*" | tee -a "$new/summary.txt"; }
 # OUT holds the state after every finished step, not only at the end: a call killed past its device limit (the
 # limit can be shorter than asked when a cold start ate the session's device time) still returns what it finished.
@@ -42,6 +46,13 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$HOME/site" .whl/*.whl \
     && export PYTHONPATH="$HOME/site:$PYTHONPATH"
+fi
+
+# 0. Triton's compile cache, where the caller brought one
+tcache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+if [ -f "$state/triton-cache.tar.gz" ]; then
+  mkdir -p "$tcache" && tar -xzf "$state/triton-cache.tar.gz" -C "$tcache" \
+    && note "triton cache restored: $(find "$tcache" -type f | wc -l) files" || note "triton cache: not restored"
 fi
 
 # 1. the extension
@@ -127,4 +138,13 @@ fi
 
 note "call done in $(( $(date +%s) - t_start )) s"
 save
+if [ -d "$tcache" ] && tar -czf "$out/.triton-cache.tar.gz" -C "$tcache" . 2>/dev/null; then
+  size=$(stat -c %s "$out/.triton-cache.tar.gz")
+  if [ "$size" -le $(( 15 << 20 )) ]; then
+    mv "$out/.triton-cache.tar.gz" "$out/triton-cache.tar.gz"; note "triton cache handed back: $(( size >> 10 )) KiB"
+  else
+    rm -f "$out/.triton-cache.tar.gz"; note "triton cache not handed back: $(( size >> 20 )) MiB packed"
+  fi
+  cp "$new/summary.txt" "$out/summary.txt"
+fi
 cat "$new/summary.txt" | tail -12
