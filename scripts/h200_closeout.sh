@@ -10,26 +10,28 @@
 # A step that cannot finish before the deadline is cut by `timeout`: a cut sweep keeps its partial log for
 # the next call; a cut bench or drift leaves nothing and runs again next call.
 # Usage (repo root, on the GPU machine):
-#   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--bench-ops "OP OP ..."]... [--drift]
+#   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--sweep-shards N] [--bench-ops "OP OP ..."]... [--drift]
+# (keep N the same across the calls of one closeout: each shard resumes from its own partial log)
 # OUT gets: state.tar.gz (everything the next call needs and every result so far), logs.tar.gz, summary.txt, and
 # triton-cache.tar.gz (Triton's compile cache at the end of the call, when it packs to 15 MiB or less): put it in
 # the next call's STATE folder and that call starts with the kernels compiled (a fresh box spends ~90 s of the
 # sweep compiling; the cache is keyed by each kernel's source and options, so a changed kernel compiles anew).
 set -uo pipefail
 state=${1:?STATE}; out=${2:?OUT}; key=${3:?signing key}; shift 3
-deadline=560; groups=()
+deadline=560; groups=(); shards=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench-ops) groups+=("$2"); shift 2;;
     --deadline) deadline=$2; shift 2;;
     --drift) groups+=(drift); shift;;
+    --sweep-shards) shards=$2; shift 2;;
     *) echo "unknown argument $1" >&2; exit 2;;
   esac
 done
 t_start=$(date +%s)
 left() { echo $(( deadline - ( $(date +%s) - t_start ) )); }
 pub="${key%.pem}.pub.pem"
-new=$(mktemp -d); logs=$(mktemp -d)
+new=$(mktemp -d); logs=$(mktemp -d); mkdir -p "$out"
 mkdir -p "$state" out
 cp -a "$state"/. "$new"/ 2>/dev/null
 rm -f "$new/triton-cache.tar.gz"  # travels beside the state, not inside it
@@ -68,11 +70,21 @@ else
   cp gradsweep/_C.cpython-*.so "$new"/
 fi
 
-# 2. the release sweep
+# 2. the release sweep: one process, or --sweep-shards N processes side by side on the same GPU (the sweep's
+# cells are mostly host-bound and its verdicts are bits, not times, so sharing the device changes no verdict;
+# `gradsweep merge` then signs the shards' union, which it checks is exactly the unsharded cell set)
 ev=out/h200.evidence.json
+finish_sweep() {  # verify and render the complete evidence
+  cp out/h200.evidence.json out/h200.test-result.json "$new"/
+  python3 -m gradsweep.cli verify "$ev" --trusted-key "$pub" > "$new/h200.verify.txt" 2>&1
+  note "verify rc=$?"
+  python3 -m gradsweep.cli report "$ev" --format md -o "$new/h200.md" --trusted-key "$pub" >> "$logs/sweep.log" 2>&1
+  python3 -m gradsweep.cli report "$ev" --trusted-key "$pub" > "$new/h200.table.txt" 2>&1
+  cp "$logs/sweep.log" "$new/h200.sweep.log"
+}
 if [ -f "$state/h200.evidence.json" ]; then
   note "sweep: complete in an earlier call"
-else
+elif [ "$shards" -le 1 ]; then
   resume=()
   if [ -f "$state/h200.evidence.json.partial.jsonl" ]; then
     cp "$state/h200.evidence.json.partial.jsonl" out/ && resume=(--resume)
@@ -83,16 +95,47 @@ else
     --no-progress "${resume[@]}" >> "$logs/sweep.log" 2>&1
   note "sweep rc=$? in $(( $(date +%s) - t0 )) s"
   if [ -f "$ev" ]; then
-    cp out/h200.evidence.json out/h200.test-result.json "$new"/
     rm -f "$new/h200.evidence.json.partial.jsonl"
-    python3 -m gradsweep.cli verify "$ev" --trusted-key "$pub" > "$new/h200.verify.txt" 2>&1
-    note "verify rc=$?"
-    python3 -m gradsweep.cli report "$ev" --format md -o "$new/h200.md" --trusted-key "$pub" >> "$logs/sweep.log" 2>&1
-    python3 -m gradsweep.cli report "$ev" --trusted-key "$pub" > "$new/h200.table.txt" 2>&1
-    cp "$logs/sweep.log" "$new/h200.sweep.log"
+    finish_sweep
   else
     cp out/h200.evidence.json.partial.jsonl "$new"/ 2>/dev/null
     note "sweep: $(( $(wc -l < "$new/h200.evidence.json.partial.jsonl") - 1 )) cell(s) done so far"
+  fi
+  tail -4 "$logs/sweep.log"
+  save
+else
+  t0=$(date +%s); pids=()
+  for k in $(seq 1 "$shards"); do
+    part=h200.shard-$k-of-$shards.evidence.json
+    [ -f "$state/$part" ] && continue
+    resume=()
+    if [ -f "$state/$part.partial.jsonl" ]; then cp "$state/$part.partial.jsonl" out/ && resume=(--resume); fi
+    timeout -s INT -k 15 $(( $(left) - 40 )) python3 -m gradsweep.cli sweep manifests/h200.yaml --shard "$k/$shards" \
+      -o "out/$part" --key "$key" --no-progress "${resume[@]}" >> "$logs/sweep-$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  complete=0
+  for k in $(seq 1 "$shards"); do
+    part=h200.shard-$k-of-$shards.evidence.json
+    if [ -f "out/$part" ]; then
+      cp "out/$part" "$new"/ && rm -f "$new/$part.partial.jsonl"
+    elif [ -f "out/$part.partial.jsonl" ]; then
+      cp "out/$part.partial.jsonl" "$new"/
+    fi
+    if [ -f "$new/$part" ]; then
+      complete=$(( complete + 1 ))
+    else
+      note "sweep shard $k/$shards: $(( $(wc -l < "$new/$part.partial.jsonl" 2>/dev/null || echo 1) - 1 )) cell(s) done so far"
+    fi
+    [ -f "$logs/sweep-$k.log" ] && { echo "=== shard $k/$shards"; cat "$logs/sweep-$k.log"; } >> "$logs/sweep.log"
+  done
+  note "sweep: $complete of $shards shard(s) complete after $(( $(date +%s) - t0 )) s"
+  if [ "$complete" -eq "$shards" ]; then
+    python3 -m gradsweep.cli merge "$new"/h200.shard-*-of-"$shards".evidence.json -o "$ev" --key "$key" \
+      --trusted-key "$pub" >> "$logs/sweep.log" 2>&1
+    note "merge rc=$?"
+    [ -f "$ev" ] && finish_sweep
   fi
   tail -4 "$logs/sweep.log"
   save
