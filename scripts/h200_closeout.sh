@@ -31,8 +31,8 @@ done
 t_start=$(date +%s)
 left() { echo $(( deadline - ( $(date +%s) - t_start ) )); }
 pub="${key%.pem}.pub.pem"
-new=$(mktemp -d); logs=$(mktemp -d); mkdir -p "$out"
-mkdir -p "$state" out
+new=$(mktemp -d); logs=$(mktemp -d)
+mkdir -p "$state" "$out" out
 cp -a "$state"/. "$new"/ 2>/dev/null
 rm -f "$new/triton-cache.tar.gz"  # travels beside the state, not inside it
 note() { echo "$*" | tee -a "$new/summary.txt"; }
