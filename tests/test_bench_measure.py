@@ -55,6 +55,62 @@ def test_bwd_is_the_step_minus_its_forward():
     assert phase_ms("bwd", {"fwd_train": _t(1.0), "fwd_bwd": None}) is None
 
 
+def test_a_bwd_phase_samples_its_two_modes_in_the_same_rounds():
+    """The two terms of ``bwd`` (step minus forward) are timed in one round robin with every implementation: a
+    clock that drifts between two separate rounds would otherwise land on one term only (planted here: each
+    e2e_rounds call runs slower than the last, so timing mode after mode would read 5.0 - 1.0 = 4.0, not 2.0).
+    Kernels are read per mode, an implementation's modes back to back."""
+    from gradsweep.bench.baselines import Reference
+    from gradsweep.bench.measure import _Impl, _measure_all
+
+    class DriftingTimer:
+        kind = "planted"
+
+        def __init__(self) -> None:
+            self.rounds: list[list[str]] = []
+            self.kernel_order: list[str] = []
+
+        def e2e_rounds(self, entries):
+            self.rounds.append(list(entries))
+            slow = float(len(self.rounds))  # the n-th separate round runs n times slower
+            return {k: (_t(slow * e.calls[0]()), None) for k, e in entries.items()}
+
+        def kernels(self, calls):
+            self.kernel_order.append(calls[0].__name__)
+            return _t(0.5 * calls[0]())
+
+        def peak_extra_bytes(self, fn):
+            return None
+
+    def step(ms: float, name: str):
+        def fn() -> float:
+            return ms
+        fn.__name__ = name
+        return fn
+
+    def impl(label: str, scale: float) -> _Impl:
+        times = {"fwd_train": 1.0 * scale, "fwd_bwd": 3.0 * scale}
+        return _Impl(label, "family", None, lambda mode: Reference([step(times[mode], f"{label}/{mode}")]))
+
+    case = Case("det_gemm", "dx", "dX", {"in_features": 4, "out_features": 4}, (8,), "bwd")
+    timer = DriftingTimer()
+    got = _measure_all([impl("stock", 1.0), impl("triton", 1.5)], case, timer)  # type: ignore[arg-type]
+    assert len(timer.rounds) == 1 and len(timer.rounds[0]) == 4, timer.rounds
+    assert got["stock"].e2e_ms == 2.0 and got["triton"].e2e_ms == 3.0
+    assert got["stock"].kernels_ms == 1.0
+    assert timer.kernel_order == ["stock/fwd_train", "stock/fwd_bwd", "triton/fwd_train", "triton/fwd_bwd"]
+
+    def broken(mode: str) -> Reference | None:
+        if mode == "fwd_bwd":
+            raise RuntimeError("planted: no backward")
+        return Reference([step(1.0, "broken/fwd_train")])
+
+    got = _measure_all([impl("stock", 1.0), _Impl("broken", "family", None, broken)], case,  # type: ignore[arg-type]
+                       DriftingTimer())
+    assert got["broken"].status == "error" and "planted" in got["broken"].reason
+    assert got["stock"].status == "ok" and got["stock"].e2e_ms == 2.0
+
+
 def test_metrics_against_references_and_ceilings():
     case = Case("rms_norm", "bwd", "bwd", {"hidden": 4}, (1000,), "bwd", anchors=("liger",),
                 traffic=lambda s, n: 3.0e6, memory=True)

@@ -175,6 +175,39 @@ def test_host_descriptors_are_expanded_as_tritons_wrapper_does_and_kept(fast, mo
     assert len(fills) == 2 + 2 + 2 + 1 + 2  # ours: 2, 0, 1; Triton's wrapper: 2 every launch
 
 
+def test_a_memoised_launch_builds_its_arguments_once_per_key_and_device(fast, monkeypatch) -> None:
+    """``FastLaunch.memo``: the first call of a key builds, compiles and launches; later calls with the key call the
+    C launcher with the same arguments without building them; another key or another device builds again; hooks
+    set take the ordinary path (built anew, the runner launches); without fast launch every call is a plain one."""
+    fn = _Jit()
+    launch = _launch.FastLaunch(fn)
+    built: list = []
+
+    def build(x: float):
+        def make():
+            built.append(x)
+            return (4,), [x, 32], {"BLOCK": 64}, 4, 3
+        return make
+
+    launch.memo(("k", 1), build(1.0))  # built, compiled (the first launch) and kept
+    launch.memo(("k", 1), build(9.9))  # the key determines the arguments: the kept ones, nothing built
+    launch.memo(("k", 1), build(9.9))
+    assert built == [1.0] and [c[0] for c in fn.calls] == ["compile", "direct", "direct"]
+    assert fn.calls[1] == fn.calls[2] and fn.calls[2][1][13:] == (1.0, 32, 64)
+    launch.memo(("k", 2), build(2.0))  # another key: built (the specialisation is compiled already)
+    assert built[-1] == 2.0 and fn.calls[-1][1][13:] == (2.0, 32, 64)
+    monkeypatch.setattr(_launch, "_device", lambda: 5)
+    launch.memo(("k", 1), build(5.0))  # another device: its own compile and its own entry
+    assert built[-1] == 5.0 and fn.calls[-1][0] == "compile"
+    monkeypatch.setattr(_launch, "_device", lambda: 3)
+    monkeypatch.setattr(_launch, "_hooks_set", lambda: True)
+    launch.memo(("k", 1), build(7.0))
+    assert built[-1] == 7.0 and fn.calls[-1] == ("runner", (4, 1, 1), (7.0, 32, 64))
+    monkeypatch.setattr(_launch, "FAST_LAUNCH", False)
+    launch.memo(("k", 1), build(8.0))
+    assert built[-1] == 8.0 and fn.calls[-1][0] == "compile"
+
+
 def test_hook_detection_reads_tritons_hook_chains() -> None:
     class Chain:
         def __init__(self, calls):
@@ -264,16 +297,30 @@ assert _launch.FAST_LAUNCH
 gen = torch.Generator(device="cuda").manual_seed(6)
 w = torch.randn(1024, 512, generator=gen, device="cuda").bfloat16()
 x = torch.randn(4096, 512, generator=gen, device="cuda").bfloat16()
+ms = (4096, 256, 4096, 700, 256, 16, 1, 100)  # the TMA kernel from 256 rows, the pointer kernel below
 fast = []
-for m in (4096, 256, 4096, 700, 256):  # new outputs each call: kept tensor maps hit for x and w, miss for outputs
+for m in ms:  # new outputs each call: kept tensor maps hit for x and w, miss for outputs
     fast.append(gemm.matmul_invariant(x[:m], w))
 torch.cuda.synchronize()
 directs = list(gemm._MM_TMA.compiled.values())
 assert directs and all(d.descs is not None for d in directs), "the descriptors were not expanded here"
+again = {}
+for m in ms * 3:  # outputs freed between calls: the same buffers again, the memoised launches
+    again[m] = gemm.matmul_invariant(x[:m], w).clone()
+acc = torch.zeros(64, 1024, device="cuda")
+for _ in range(4):  # the accumulating pointer GEMM on one accumulator: memoised after its first launches
+    gemm.matmul_accumulate(x[:64], w.t(), acc)
+torch.cuda.synchronize()
+assert gemm._MM_TMA._memo and gemm._MM.launch._memo, "no launch was memoised"
 _launch.FAST_LAUNCH = False  # Triton's own launch path: its wrapper encodes every descriptor
-for m, out in zip((4096, 256, 4096, 700, 256), fast):
+for m, out in zip(ms, fast):
     plain = gemm.matmul_invariant(x[:m], w)
     assert torch.equal(out.view(torch.int16), plain.view(torch.int16)), m
+    assert torch.equal(again[m].view(torch.int16), plain.view(torch.int16)), m
+plain_acc = torch.zeros(64, 1024, device="cuda")
+for _ in range(4):
+    gemm.matmul_accumulate(x[:64], w.t(), plain_acc)
+assert torch.equal(acc.view(torch.int32), plain_acc.view(torch.int32))
 print("GPU-OK")
 """
 
@@ -281,8 +328,9 @@ print("GPU-OK")
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_kept_tensor_maps_give_a_plain_launchs_bits() -> None:
-    """The TMA GEMM through the direct path with its descriptors expanded and kept: the bits of Triton's own
-    launch path at several M, the kept maps reused across calls and new output addresses."""
+    """The family's GEMMs through the direct path (TMA descriptors expanded and kept, launches memoised): the bits of
+    Triton's own launch path at several M, with kept maps and memoised launches reused across calls and new output
+    addresses, and for the accumulating GEMM over repeated launches on one accumulator."""
     res = run_compiled(_GPU_TMA_SCRIPT, timeout=300, drop=("TRITON_INTERPRET", "GRADSWEEP_FAST_LAUNCH"))
     assert "GPU-OK" in res.stdout, res.stdout + res.stderr
 

@@ -10,7 +10,6 @@ a fixed pure-Python loop (the interpreter speed that the Triton family's host gl
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -68,7 +67,7 @@ def measure_ceilings(timer: Timer, device: torch.device, quick: bool) -> Ceiling
     t_mm = timer.e2e([lambda: a @ b])
     tiny = torch.zeros(1, device=device)
     t_launch = timer.e2e([lambda: tiny.add_(1)])
-    t_python = python_loop_timing()
+    t_python = timer.host(_python_loop)  # the timers' own host clock: warm-up, samples from the budget
     return Ceilings(
         copy_bandwidth=Ceiling(value=moved / t_copy.median_ms / 1e6, unit="GB/s", timing=t_copy,
                      what=f"device-to-device copy of {elements * 2 / 2**20:.0f} MiB (bytes read + written)"),
@@ -98,14 +97,3 @@ def _python_loop() -> int:
         key = (probe.a, i & 7, probe.b)
         acc += table.get("k", 0) + key[1]
     return acc
-
-
-def python_loop_timing(samples: int = 15, calls: int = 50) -> Timing:
-    """Per-call time of ``_python_loop`` (median over samples of ``calls`` calls)."""
-    per_call = []
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            _python_loop()
-        per_call.append((time.perf_counter() - t0) / calls * 1e3)
-    return Timing.of(per_call, calls)

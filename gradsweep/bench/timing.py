@@ -23,7 +23,8 @@
   anchors, every family) are taken in turn, sample 1 of each, then sample 2 of each, ...: a host whose speed
   drifts over the seconds of a case (measured on lent H200 boxes: the same stock call 25.0 then 19.5 us a minute
   apart) slows every side alike instead of whichever was timed in the slow minute, and no side is always timed
-  first. Each implementation keeps its own calls per sample and sample count (set by its own speed).
+  first. Each implementation keeps its own calls per sample and sample count (set by its own speed). The modes
+  of a ``bwd`` phase (the step and its forward, subtracted) are entries of the same rounds (``measure``).
 
 Each timing is the median of its samples with the spread (quartiles, min, max). ``HostTimer`` is the CPU
 smoke's wall clock (no device, no kernels figure); tests plant their own timer with the same interface.

@@ -103,6 +103,18 @@ class Tuner:
         meta = self._meta(cfg, consts, k_even)
         self.launch(grid(meta), args if args is not None else args_for(meta), meta, cfg.num_warps, cfg.num_stages)
 
+    def memo(self, memo_key: tuple, key: tuple, grid: Callable, args: Callable[[], list], consts: dict,
+             scratch: int | None = None, k_even: int | None = None) -> None:
+        """``self(key, grid, args(), consts, ...)`` with the launch memoised (``FastLaunch.memo``) once the key's
+        config is chosen: ``memo_key`` must determine ``args()`` exactly (every address, integer and dtype); the
+        tuning key and config are added to it here."""
+        cfg = self.best.get(key)
+        if cfg is None:  # the first call of the key tunes: the ordinary path
+            self(key, grid, args(), consts, scratch, k_even)
+            return
+        meta = self._meta(cfg, consts, k_even)
+        self.launch.memo((memo_key, key), lambda: (grid(meta), args(), meta, cfg.num_warps, cfg.num_stages))
+
     def chosen(self) -> dict[str, str]:
         """Chosen config per key (benchmark reports)."""
         return {str(k): str(c) for k, c in self.best.items()}

@@ -18,6 +18,7 @@ GRADSWEEP_FAST_LAUNCH=0, every launch is a plain ``kernel[grid](...)``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import triton
@@ -87,11 +88,16 @@ class Direct:
         if self.launch is None or hooks:
             self.compiled[grid](*args, *self.tail)
             return
-        if self.descs is not None:
-            bound = list(bound)
-            for pos, meta, meta_key in reversed(self.descs):  # from the last: earlier positions stay put
-                bound[pos:pos + 1] = _tensormap_args(bound[pos], meta, meta_key, self.expand)
-        self.launch(grid[0], grid[1], grid[2], _raw_stream(device), *self.head, *bound, *self.tail)
+        self.launch(grid[0], grid[1], grid[2], _raw_stream(device), *self.head, *self.expanded(bound), *self.tail)
+
+    def expanded(self, bound: list) -> list:
+        """The C launcher's arguments for ``bound``: each host descriptor expanded as Triton's wrapper would."""
+        if self.descs is None:
+            return bound
+        bound = list(bound)
+        for pos, meta, meta_key in reversed(self.descs):  # from the last: earlier positions stay put
+            bound[pos:pos + 1] = _tensormap_args(bound[pos], meta, meta_key, self.expand)
+        return bound
 
 
 # Host TMA descriptors, expanded. Triton 3.6 wraps the C launcher of a kernel with tensor-descriptor parameters in
@@ -102,6 +108,7 @@ class Direct:
 # block, fp4 padding), so its result for the same inputs is kept and reused: the same bytes reach the kernel.
 _TENSORMAPS: dict[tuple, list] = {}
 _TENSORMAPS_MAX = 4096  # entries (~200 bytes each); the whole table is dropped when full
+_MEMO_MAX = 4096  # memoised launches per kernel (``FastLaunch.memo``), dropped together when full
 
 
 def _unwrap_tensordesc(launch, base_len: int) -> tuple | None:
@@ -174,6 +181,7 @@ class FastLaunch:
         if flags and flags != sorted(flags):
             raise ValueError(f"FastLaunch: {getattr(fn, '__name__', fn)} has a runtime parameter after a constexpr")
         self.compiled: dict[tuple, Direct] = {}
+        self._memo: dict[tuple, tuple] = {}  # (device, caller's key) -> (Direct, grid, the launcher's arguments)
 
     def __call__(self, grid: tuple[int, ...], args: list, consts: dict, num_warps: int, num_stages: int = 3) -> None:
         if not FAST_LAUNCH:
@@ -189,3 +197,30 @@ class FastLaunch:
             self.compiled[key] = Direct(compiled, tuple(consts[n] for n in self.const_names))
             return
         direct(g, args, bound, _hooks_set(), device)
+
+    def memo(self, key: tuple, build: Callable[[], tuple[tuple[int, ...], list, dict, int, int]]) -> None:
+        """Launch ``build()``'s ``(grid, args, consts, num_warps, num_stages)``, built only the first time ``key`` is
+        seen on the current device: later calls with the key reuse the C launcher's whole argument list (bound,
+        descriptors expanded). For launches whose arguments are host TMA descriptors: building three of them, binding
+        and looking up their kept maps cost ~10 us a GEMM on the H200's host, more than the launch. ``key`` must
+        determine the arguments exactly (every address, shape, stride, dtype, integer and config they depend on):
+        the same key gives the same launch, hence the same bits. Hooks set, the runner's path, or no fast launch:
+        ``build()`` and the ordinary call, every time."""
+        if not FAST_LAUNCH:
+            grid, args, consts, warps, stages = build()
+            self.fn[grid](*args, **consts, num_warps=warps, num_stages=stages)
+            return
+        device = _device()
+        hit = self._memo.get((device, key))
+        if hit is not None and not _hooks_set():
+            direct, g, expanded = hit
+            direct.launch(g[0], g[1], g[2], _raw_stream(device), *direct.head, *expanded, *direct.tail)
+            return
+        grid, args, consts, warps, stages = build()
+        self(grid, args, consts, warps, stages)
+        spec, bound = _bind(args)
+        direct = self.compiled.get((device, tuple(consts.items()), warps, stages, spec))
+        if direct is not None and direct.launch is not None:
+            if len(self._memo) >= _MEMO_MAX:
+                self._memo.clear()
+            self._memo[(device, key)] = (direct, (*grid, 1, 1)[:3], direct.expanded(bound))

@@ -219,26 +219,33 @@ def _tma_rows(t: torch.Tensor) -> bool:
 
 
 def _launch_mm_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out = a @ b through ``_mm_tma_kernel`` (``_tma_ok`` holds): b [K, N] a transposed weight or contiguous."""
+    """out = a @ b through ``_mm_tma_kernel`` (``_tma_ok`` holds): b [K, N] a transposed weight or contiguous.
+
+    The launch is memoised (``FastLaunch.memo``) on what its arguments are made of: the three addresses, M, N, K,
+    the dtypes and which way b lies (``_tma_ok`` guarantees contiguous rows, so shapes give the strides; M gives the
+    tiles); a step that calls the same GEMM on the same buffers again skips building, binding and expanding its
+    three descriptors."""
     m, k = a.shape
     n = b.shape[1]
-    cfg, warps, stages = _tma_tiles(m)
-    dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    if dev not in _SMS:
-        _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-    sms = _SMS[dev]  # the tile stride of every program (one compiled kernel per device)
     b_t = b.stride(0) == 1
-    a_desc = TensorDescriptor(a, [m, k], [k, 1], [cfg["BM"], cfg["BK"]])
-    if b_t:
-        b_desc = TensorDescriptor(b.t(), [n, k], [k, 1], [cfg["BN"], cfg["BK"]])
-    else:
-        b_desc = TensorDescriptor(b, [k, n], [n, 1], [cfg["BK"], cfg["BN"]])
-    c_desc = TensorDescriptor(out, [m, n], [n, 1], [cfg["BM"], cfg["BN"]])
-    _ensure_allocator()
-    # the direct launch path (FastLaunch keys the compiled kernel on the descriptors' dtypes and block shapes;
-    # Triton's wrapped launcher encodes the descriptors at each launch)
-    grid = (min(sms, cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"])),)
-    _MM_TMA(grid, [a_desc, b_desc, c_desc, m, n, k], {**cfg, "PROGRAMS": sms, "B_T": b_t}, warps, stages)
+
+    def build() -> tuple:
+        cfg, warps, stages = _tma_tiles(m)
+        dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        if dev not in _SMS:
+            _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+        sms = _SMS[dev]  # the tile stride of every program (one compiled kernel per device)
+        a_desc = TensorDescriptor(a, [m, k], [k, 1], [cfg["BM"], cfg["BK"]])
+        if b_t:
+            b_desc = TensorDescriptor(b.t(), [n, k], [k, 1], [cfg["BN"], cfg["BK"]])
+        else:
+            b_desc = TensorDescriptor(b, [k, n], [n, 1], [cfg["BK"], cfg["BN"]])
+        c_desc = TensorDescriptor(out, [m, n], [n, 1], [cfg["BM"], cfg["BN"]])
+        _ensure_allocator()
+        grid = (min(sms, cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"])),)
+        return grid, [a_desc, b_desc, c_desc, m, n, k], {**cfg, "PROGRAMS": sms, "B_T": b_t}, warps, stages
+
+    _MM_TMA.memo((a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, b_t, a.dtype, out.dtype), build)
     return out
 
 
@@ -269,19 +276,24 @@ def _launch_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_in: bool
         return out if acc_in else out.zero_()
     if not acc_in and _tma_ok(a, b, out):  # b: a weight [N, K] seen as [K, N] (forward), or [K, N] itself (dX)
         return _launch_mm_tma(a, b, out)
-    hint = b.stride(1) == 1 and n % 8 == 0
-    args = [a, b, out, m, n, loop_bound(k), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            out.stride(0), out.stride(1)]
+    sa, sb, so = a.stride(), b.stride(), out.stride()
+    hint = sb[1] == 1 and n % 8 == 0
     if INTERPRET:
         cfg = _CPU_MM
         grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]),)
-        _mm_kernel[grid](*args, **cfg, ACC_IN=acc_in, EVEN_K=k % cfg["BK"] == 0, HINT_N=hint)
+        _mm_kernel[grid](a, b, out, m, n, loop_bound(k), *sa, *sb, *so, **cfg, ACC_IN=acc_in,
+                         EVEN_K=k % cfg["BK"] == 0, HINT_N=hint)
         return out
 
     def grid(meta):
         return (cdiv(m, meta["BM"]) * cdiv(n, meta["BN"]),)
-    _MM((m_bucket(m), n, k, acc_in, hint, a.dtype, out.dtype, a.stride(1) == 1, b.stride(1) == 1), grid, args,
-        {"ACC_IN": acc_in, "HINT_N": hint}, scratch=2 if acc_in else None, k_even=k)
+
+    def args() -> list:
+        return [a, b, out, m, n, k, *sa, *sb, *so]
+    # memoised on what the arguments are made of (addresses, sizes, strides, dtypes): a small-M GEMM is host-bound
+    _MM.memo((a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, sa, sb, so, a.dtype, b.dtype, out.dtype),
+             (m_bucket(m), n, k, acc_in, hint, a.dtype, out.dtype, sa[1] == 1, sb[1] == 1), grid, args,
+             {"ACC_IN": acc_in, "HINT_N": hint}, scratch=2 if acc_in else None, k_even=k)
     return out
 
 
