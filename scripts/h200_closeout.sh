@@ -11,7 +11,8 @@
 # the next call; a cut bench or drift leaves nothing and runs again next call.
 # Usage (repo root, on the GPU machine):
 #   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--sweep-shards N] [--bench-ops "OP OP ..."]... [--drift]
-# (keep N the same across the calls of one closeout: each shard resumes from its own partial log)
+# (keep N the same across the calls of one closeout: each shard resumes from its own partial log; the shards run one
+# at a time, so N only sets how the sweep's progress is cut into separately signed parts)
 # OUT gets: state.tar.gz (everything the next call needs and every result so far), logs.tar.gz, summary.txt, and
 # triton-cache.tar.gz (Triton's compile cache at the end of the call, when it packs to 15 MiB or less): put it in
 # the next call's STATE folder and that call starts with the kernels compiled (a fresh box spends ~90 s of the
@@ -70,9 +71,10 @@ else
   cp gradsweep/_C.cpython-*.so "$new"/
 fi
 
-# 2. the release sweep: one process, or --sweep-shards N processes side by side on the same GPU (the sweep's
-# cells are mostly host-bound and its verdicts are bits, not times, so sharing the device changes no verdict;
-# `gradsweep merge` then signs the shards' union, which it checks is exactly the unsharded cell set)
+# 2. the release sweep: one process, or --sweep-shards N shard processes run one after another (each resumes from
+# its own partial log; `gradsweep merge` then signs the shards' union, which it checks is exactly the unsharded cell
+# set). Not side by side: on 2026-12-04 three shard processes on the one H200 ran it out of memory (each process's
+# caching allocator keeps what its largest cells took): 35 of 451 cells ended as CUDA out-of-memory errors.
 ev=out/h200.evidence.json
 finish_sweep() {  # verify and render the complete evidence
   cp out/h200.evidence.json out/h200.test-result.json "$new"/
@@ -104,17 +106,16 @@ elif [ "$shards" -le 1 ]; then
   tail -4 "$logs/sweep.log"
   save
 else
-  t0=$(date +%s); pids=()
-  for k in $(seq 1 "$shards"); do
+  t0=$(date +%s)
+  for k in $(seq 1 "$shards"); do  # one shard process at a time (see the header: side by side they ran out of memory)
     part=h200.shard-$k-of-$shards.evidence.json
     [ -f "$state/$part" ] && continue
+    [ "$(left)" -lt 70 ] && break
     resume=()
     if [ -f "$state/$part.partial.jsonl" ]; then cp "$state/$part.partial.jsonl" out/ && resume=(--resume); fi
     timeout -s INT -k 15 $(( $(left) - 40 )) python3 -m gradsweep.cli sweep manifests/h200.yaml --shard "$k/$shards" \
-      -o "out/$part" --key "$key" --no-progress "${resume[@]}" >> "$logs/sweep-$k.log" 2>&1 &
-    pids+=($!)
+      -o "out/$part" --key "$key" --no-progress "${resume[@]}" >> "$logs/sweep-$k.log" 2>&1
   done
-  for pid in "${pids[@]}"; do wait "$pid"; done
   complete=0
   for k in $(seq 1 "$shards"); do
     part=h200.shard-$k-of-$shards.evidence.json
