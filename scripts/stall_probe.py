@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import statistics
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -84,21 +86,51 @@ def install(spec: str, acc: Accumulators) -> str | None:
     return None
 
 
-def run(step: Callable[[], None], steps: int, drained: bool, acc: Accumulators) -> tuple[float, dict[str, float]]:
-    """(host us per step, {function: us per step}) over ``steps`` steps, busy or drained."""
+def run(step: Callable[[], None], steps: int, drained: bool, acc: Accumulators,
+        lead_cycles: int = 0) -> tuple[float, dict[str, float]]:
+    """(host us per step, {function: us per step}) over ``steps`` steps, busy or drained. ``lead_cycles``: after
+    each drain, a ``torch.cuda._sleep`` of that many cycles is queued first, so the device is still busy while the
+    step's host code runs (in a host-bound step the device is idle when the host gets to a wait, and busy vs
+    drained cannot see it; with a lead, a function that waits for the device grows by what is left of the lead)."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
     acc.reset()
     total = 0.0
     for _ in range(steps):
-        if drained:
+        if drained or lead_cycles:
             torch.cuda.synchronize()
+        if lead_cycles:
+            torch.cuda._sleep(lead_cycles)
         t0 = time.perf_counter()
         step()
         total += time.perf_counter() - t0
     torch.cuda.synchronize()
     return total / steps * 1e6, {k: v / steps * 1e6 for k, v in acc.seconds.items()}
+
+
+def back_to_back(step: Callable[[], None], seconds: float) -> str:
+    """Host time per step over ``seconds`` of steps issued back to back (as the bench's end-to-end clock runs them),
+    against the device time of the same steps (one event pair per 20 steps): percentiles show a periodic cost a
+    100-step run misses; device time per step well above the host's says the two do not overlap."""
+    host: list[float] = []
+    device: list[float] = []
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(20):
+            t0 = time.perf_counter()
+            step()
+            host.append(time.perf_counter() - t0)
+        b.record()
+        b.synchronize()
+        device.append(a.elapsed_time(b) / 20 * 1e3)
+    host.sort()
+    q = [host[int(f * (len(host) - 1))] * 1e6 for f in (0.1, 0.5, 0.9, 0.99)]
+    return (f"    back to back {seconds:.0f} s, {len(host)} steps: host us per step p10 {q[0]:.0f} p50 {q[1]:.0f} "
+            f"p90 {q[2]:.0f} p99 {q[3]:.0f} max {host[-1] * 1e6:.0f} mean {statistics.mean(host) * 1e6:.0f}; "
+            f"device (events) per step median {statistics.median(device):.0f} us")
 
 
 def main() -> None:
@@ -108,11 +140,18 @@ def main() -> None:
     ap.add_argument("--op", action="append", default=[])
     ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--wrap", action="append", default=[], help="module:qualified.name (default: the fold path)")
+    ap.add_argument("--wrap", action="append", default=[],
+                    help="module:qualified.name (default: the fold path; none: nothing wrapped)")
+    ap.add_argument("--lead-us", type=float, default=0.0,
+                    help="also a run with this much device work queued before each (drained) step")
+    ap.add_argument("--back-to-back", type=float, default=0.0, help="also seconds of back-to-back steps")
+    ap.add_argument("--caller-backward", action="store_true",
+                    help="also every run again with the autograd engine on the calling thread")
     args = ap.parse_args()
     say = log_to(args.out, "stall_probe.txt")
     acc = Accumulators()
-    for spec in args.wrap or DEFAULT_WRAPS:
+    say(f"python threads at start: {[t.name for t in threading.enumerate()]}")
+    for spec in [] if args.wrap == ["none"] else args.wrap or DEFAULT_WRAPS:
         missing = install(spec, acc)
         if missing:
             say(f"not wrapped: {missing}")
@@ -121,16 +160,38 @@ def main() -> None:
             say(f"{found[0].id}: could not build: {found[1]!r}")
             continue
         for name, ref in found.refs:
-            with ref.context():
-                step = rotate(ref.calls)
-                busy, busy_fns = run(step, args.steps, False, acc)
-                drained, drained_fns = run(step, args.steps, True, acc)
-            say(f"{found.case.id} {found.mode} [{name}]: host {busy:.0f} us per step busy, {drained:.0f} drained")
-            names = sorted(set(busy_fns) | set(drained_fns),
-                           key=lambda k: -(busy_fns.get(k, 0.0) - drained_fns.get(k, 0.0)))
-            for k in names:
-                b, d = busy_fns.get(k, 0.0), drained_fns.get(k, 0.0)
-                say(f"    {k:58s} busy {b:8.1f} us  drained {d:8.1f} us  ({acc.calls.get(k, 0)} calls last run)")
+            for caller in (False, True) if args.caller_backward else (False,):
+                torch.autograd.set_multithreading_enabled(not caller)
+                tag = f"{name}, backward on the caller" if caller else name
+                with ref.context():
+                    step = rotate(ref.calls)
+                    conditions = [("busy", run(step, args.steps, False, acc)),
+                                  ("drained", run(step, args.steps, True, acc))]
+                    if args.lead_us:
+                        cycles = int(args.lead_us * clock_mhz())
+                        conditions.append((f"lead {args.lead_us:.0f} us", run(step, args.steps, True, acc, cycles)))
+                    b2b = back_to_back(step, args.back_to_back) if args.back_to_back else None
+                report(say, f"{found.case.id} {found.mode} [{tag}]", conditions, acc)
+                if b2b:
+                    say(b2b)
+            torch.autograd.set_multithreading_enabled(True)
+
+
+def clock_mhz() -> float:
+    """The SM clock the lead's cycles are counted in (the device's maximum; a slower clock lengthens the lead)."""
+    return torch.cuda.get_device_properties(0).clock_rate / 1e3 if hasattr(
+        torch.cuda.get_device_properties(0), "clock_rate") else 1980.0
+
+
+def report(say: Callable[[str], None], title: str, conditions: list, acc: Accumulators) -> None:
+    """One line per condition's step time, then each wrapped function in every condition, the largest difference
+    between the last condition and drained first."""
+    say(f"{title}: host us per step " + ", ".join(f"{c} {t:.0f}" for c, (t, _) in conditions))
+    fns = [f for _, (_, f) in conditions]
+    last, drained = fns[-1], fns[1]
+    for k in sorted(set().union(*fns), key=lambda k: -(last.get(k, 0.0) - drained.get(k, 0.0))):
+        cells = "  ".join(f"{c} {f.get(k, 0.0):8.1f}" for (c, _), f in zip(conditions, fns))
+        say(f"    {k:58s} {cells} us  ({acc.calls.get(k, 0)} calls last run)")
 
 
 if __name__ == "__main__":

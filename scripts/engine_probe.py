@@ -1,0 +1,92 @@
+"""A bench step's end-to-end time with the autograd engine's backward on its device thread (torch's default) and
+on the calling thread (``torch.autograd.set_multithreading_enabled(False)``), on a GPU box: a diagnostic.
+
+Why: the stall probe (scripts/stall_probe.py, 2026-12-04) found no wait for the device in the host-bound rms_norm
+and dW steps, but their host time fell from ~370 to ~240 us a step (Triton rms_norm backward) when the backward
+ran on the calling thread; stock's fell less (~250 to ~190 us). A per-op bench step makes one backward call, so it
+pays the hand-off to the engine's device thread (and the Python backward nodes run on that thread) once per op,
+where a trainer's step pays the hand-off once for its whole graph.
+
+Each selected bench case's family and stock steps run in both engine modes, interleaved (``--rounds`` rounds, each
+``--seconds`` of back-to-back steps per side and mode, one event pair per 20 steps, the device drained between
+chunks as the bench's samples are); printed per side and mode: the median device time per step and its ratio to
+stock's in the same mode. Nothing is signed: the figures say what the bench would read under either engine.
+
+    PYTHONPATH=. python3 scripts/engine_probe.py OUT --op det_gemm --op rms_norm --op qk_norm
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from scripts.host_probe import rotate
+from scripts.probe_cases import case_steps, log_to
+
+MODES = ("worker", "caller")
+
+
+def chunks(step: Callable[[], None], seconds: float) -> list[float]:
+    """Device us per step of back-to-back steps for ``seconds`` (one event pair per 20 steps)."""
+    out: list[float] = []
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(20):
+            step()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / 20 * 1e3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--manifest", default="manifests/h200.yaml")
+    ap.add_argument("--op", action="append", default=[])
+    ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=0.25)
+    args = ap.parse_args()
+    say = log_to(args.out, "engine_probe.txt")
+    for found in case_steps(args.manifest, args.op, args.case, torch.device("cuda")):
+        if isinstance(found, tuple):
+            say(f"{found[0].id}: could not build: {found[1]!r}")
+            continue
+        if found.mode != "fwd_bwd":  # no backward: the engine's thread does not enter
+            continue
+        samples: dict[tuple[str, str], list[float]] = defaultdict(list)
+        steps = {name: rotate(ref.calls) for name, ref in found.refs}
+        try:
+            for r in range(args.rounds):  # the sides and modes in turn: a host that drifts slows each alike
+                for name, ref in found.refs:
+                    with ref.context():
+                        if r == 0:
+                            for _ in range(3):
+                                steps[name]()
+                            torch.cuda.synchronize()
+                        for mode in MODES:
+                            torch.autograd.set_multithreading_enabled(mode == "worker")
+                            samples[(name, mode)] += chunks(steps[name], args.seconds)
+        finally:
+            torch.autograd.set_multithreading_enabled(True)
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        say(f"{found.case.id} {found.mode}")
+        for name in steps:
+            cells = []
+            for mode in MODES:
+                ratio = med[(name, mode)] / med[("stock", mode)] if ("stock", mode) in med else float("nan")
+                cells.append(f"{mode} {med[(name, mode)]:8.1f} us ({ratio:.2f}x stock)")
+            say(f"    {name:8s} " + "   ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
