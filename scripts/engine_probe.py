@@ -17,42 +17,19 @@ stock's in the same mode. Nothing is signed: the figures say what the bench woul
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
 from collections import defaultdict
-from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from scripts.host_probe import rotate
-from scripts.probe_cases import case_steps, log_to
+from scripts.probe_cases import back_to_back, case_steps, log_to, probe_parser
 
 MODES = ("worker", "caller")
 
 
-def chunks(step: Callable[[], None], seconds: float) -> list[float]:
-    """Device us per step of back-to-back steps for ``seconds`` (one event pair per 20 steps)."""
-    out: list[float] = []
-    t_end = time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(20):
-            step()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 20 * 1e3)
-    return out
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--manifest", default="manifests/h200.yaml")
-    ap.add_argument("--op", action="append", default=[])
-    ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
+    ap = probe_parser(__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=0.25)
     args = ap.parse_args()
@@ -75,7 +52,7 @@ def main() -> None:
                             torch.cuda.synchronize()
                         for mode in MODES:
                             torch.autograd.set_multithreading_enabled(mode == "worker")
-                            samples[(name, mode)] += chunks(steps[name], args.seconds)
+                            samples[(name, mode)] += back_to_back(steps[name], args.seconds)
         finally:
             torch.autograd.set_multithreading_enabled(True)
         med = {k: statistics.median(v) for k, v in samples.items()}

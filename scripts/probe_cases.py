@@ -4,6 +4,8 @@ builds them. Diagnostics only: nothing here times or signs anything."""
 
 from __future__ import annotations
 
+import argparse
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,3 +65,33 @@ def log_to(out: Path, name: str) -> Callable[[str], None]:
         log.write(text + "\n")
         log.flush()
     return say
+
+
+def probe_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every bench-case probe takes: OUT, the manifest, the ops and the case filters."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--manifest", default="manifests/h200.yaml")
+    ap.add_argument("--op", action="append", default=[], help="ops whose bench cases are probed")
+    ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
+    return ap
+
+
+def back_to_back(step: Callable[[], None], seconds: float, host: list[float] | None = None) -> list[float]:
+    """Device us per step of steps issued back to back for ``seconds``: one event pair per 20 steps, the device
+    drained between chunks (as the bench's samples are), so a host-bound step reads its host's pace. ``host``,
+    when given, gets each step's host seconds."""
+    out: list[float] = []
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(20):
+            t0 = time.perf_counter()
+            step()
+            if host is not None:
+                host.append(time.perf_counter() - t0)
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / 20 * 1e3)
+    return out

@@ -17,7 +17,6 @@ drained difference first. A function that costs much more while the device is bu
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib
 import statistics
@@ -25,12 +24,11 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from scripts.host_probe import rotate
-from scripts.probe_cases import case_steps, log_to
+from scripts.probe_cases import back_to_back, case_steps, log_to, probe_parser
 
 DEFAULT_WRAPS = (
     "gradsweep.canonical:CanonicalFold.take_tiles",
@@ -109,23 +107,12 @@ def run(step: Callable[[], None], steps: int, drained: bool, acc: Accumulators,
     return total / steps * 1e6, {k: v / steps * 1e6 for k, v in acc.seconds.items()}
 
 
-def back_to_back(step: Callable[[], None], seconds: float) -> str:
+def host_percentiles(step: Callable[[], None], seconds: float) -> str:
     """Host time per step over ``seconds`` of steps issued back to back (as the bench's end-to-end clock runs them),
     against the device time of the same steps (one event pair per 20 steps): percentiles show a periodic cost a
     100-step run misses; device time per step well above the host's says the two do not overlap."""
     host: list[float] = []
-    device: list[float] = []
-    t_end = time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(20):
-            t0 = time.perf_counter()
-            step()
-            host.append(time.perf_counter() - t0)
-        b.record()
-        b.synchronize()
-        device.append(a.elapsed_time(b) / 20 * 1e3)
+    device = back_to_back(step, seconds, host)
     host.sort()
     q = [host[int(f * (len(host) - 1))] * 1e6 for f in (0.1, 0.5, 0.9, 0.99)]
     return (f"    back to back {seconds:.0f} s, {len(host)} steps: host us per step p10 {q[0]:.0f} p50 {q[1]:.0f} "
@@ -134,11 +121,7 @@ def back_to_back(step: Callable[[], None], seconds: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--manifest", default="manifests/h200.yaml")
-    ap.add_argument("--op", action="append", default=[])
-    ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
+    ap = probe_parser(__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--wrap", action="append", default=[],
                     help="module:qualified.name (default: the fold path; none: nothing wrapped)")
@@ -170,7 +153,7 @@ def main() -> None:
                     if args.lead_us:
                         cycles = int(args.lead_us * clock_mhz())
                         conditions.append((f"lead {args.lead_us:.0f} us", run(step, args.steps, True, acc, cycles)))
-                    b2b = back_to_back(step, args.back_to_back) if args.back_to_back else None
+                    b2b = host_percentiles(step, args.back_to_back) if args.back_to_back else None
                 report(say, f"{found.case.id} {found.mode} [{tag}]", conditions, acc)
                 if b2b:
                     say(b2b)

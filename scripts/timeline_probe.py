@@ -15,20 +15,18 @@ per step then.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gradsweep.bench.timing import device_activity
 from scripts.host_probe import rotate
-from scripts.probe_cases import case_steps, log_to
+from scripts.probe_cases import back_to_back, case_steps, log_to, probe_parser
 
 
 def device_events(prof) -> list[tuple[float, float, str]]:
@@ -108,16 +106,7 @@ def sustain(step, seconds: float) -> list[str]:
     torch.cuda.synchronize()
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    per_step = []
-    t_end = time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(20):
-            step()
-        b.record()
-        b.synchronize()
-        per_step.append(a.elapsed_time(b) / 20)
+    per_step = [us / 1e3 for us in back_to_back(step, seconds)]
     stop.set()
     thread.join()
     quarter = max(1, len(per_step) // 4)
@@ -128,11 +117,7 @@ def sustain(step, seconds: float) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--manifest", default="manifests/h200.yaml")
-    ap.add_argument("--op", action="append", default=[])
-    ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
+    ap = probe_parser(__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--sustain", type=float, default=0.0, help="seconds of back-to-back steps with clock samples")
     args = ap.parse_args()
