@@ -42,19 +42,16 @@ def main() -> None:
             continue
         samples: dict[tuple[str, str], list[float]] = defaultdict(list)
         steps = {name: rotate(ref.calls) for name, ref in found.refs}
-        try:
-            for r in range(args.rounds):  # the sides and modes in turn: a host that drifts slows each alike
-                for name, ref in found.refs:
-                    with ref.context():
-                        if r == 0:
-                            for _ in range(3):
-                                steps[name]()
-                            torch.cuda.synchronize()
-                        for mode in MODES:
-                            torch.autograd.set_multithreading_enabled(mode == "worker")
+        for r in range(args.rounds):  # the sides and modes in turn: a host that drifts slows each alike
+            for name, ref in found.refs:
+                with ref.context():
+                    if r == 0:
+                        for _ in range(3):
+                            steps[name]()
+                        torch.cuda.synchronize()
+                    for mode in MODES:
+                        with torch.autograd.set_multithreading_enabled(mode == "worker"):  # restored after
                             samples[(name, mode)] += back_to_back(steps[name], args.seconds)
-        finally:
-            torch.autograd.set_multithreading_enabled(True)
         med = {k: statistics.median(v) for k, v in samples.items()}
         say(f"{found.case.id} {found.mode}")
         for name in steps:

@@ -19,15 +19,13 @@ cached on the host changed after the capture. Neither is a verdict on a kernel's
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
 import torch
 
 from gradsweep.bench.checks import compare_logical
 from gradsweep.bench.runner import OpStep
-from scripts.probe_cases import case_steps
+from scripts.probe_cases import case_steps, probe_parser
 
 
 def per_step_ms(fn, n: int = 20) -> float:
@@ -76,12 +74,7 @@ def probe(step: OpStep) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--manifest", default="manifests/h200.yaml")
-    ap.add_argument("--op", action="append", default=[], help="ops whose bench cases are probed")
-    ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
-    args = ap.parse_args()
+    args = probe_parser(__doc__.splitlines()[0]).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "graph_probe.txt").open("a")
     device = torch.device("cuda")

@@ -22,7 +22,6 @@ the calling thread while profiling: the Python backwards, fold planning included
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import cProfile
@@ -36,7 +35,7 @@ import torch
 
 from gradsweep.bench.catalog import fold_plan
 from gradsweep.bench.timing import CudaTimer, Entry
-from scripts.probe_cases import case_steps, log_to
+from scripts.probe_cases import case_steps, log_to, probe_parser
 
 
 def host_us(step: Callable[[], object], calls: int, n: int) -> tuple[float, float]:
@@ -158,15 +157,11 @@ def rotate(calls: list) -> Callable[[], None]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--manifest", default="manifests/h200.yaml")
-    ap.add_argument("--op", action="append", default=[], help="ops whose bench cases are probed")
+    ap = probe_parser(__doc__.splitlines()[0])
     ap.add_argument("--profile", action="append", default=[], help="families whose step is profiled")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--fold-plan", action="store_true", help="also the fold_plan cases")
-    ap.add_argument("--case", action="append", default=[], help="only cases whose id contains one of these")
     ap.add_argument("--audit", action="store_true",
                     help="bench-like samples of every side in turn: issue vs device time, allocator counts, syncs")
     ap.add_argument("--backward-on-caller", action="store_true",

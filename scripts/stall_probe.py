@@ -144,9 +144,8 @@ def main() -> None:
             continue
         for name, ref in found.refs:
             for caller in (False, True) if args.caller_backward else (False,):
-                torch.autograd.set_multithreading_enabled(not caller)
                 tag = f"{name}, backward on the caller" if caller else name
-                with ref.context():
+                with torch.autograd.set_multithreading_enabled(not caller), ref.context():
                     step = rotate(ref.calls)
                     conditions = [("busy", run(step, args.steps, False, acc)),
                                   ("drained", run(step, args.steps, True, acc))]
@@ -157,13 +156,12 @@ def main() -> None:
                 report(say, f"{found.case.id} {found.mode} [{tag}]", conditions, acc)
                 if b2b:
                     say(b2b)
-            torch.autograd.set_multithreading_enabled(True)
 
 
 def clock_mhz() -> float:
     """The SM clock the lead's cycles are counted in (the device's maximum; a slower clock lengthens the lead)."""
-    return torch.cuda.get_device_properties(0).clock_rate / 1e3 if hasattr(
-        torch.cuda.get_device_properties(0), "clock_rate") else 1980.0
+    khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0)  # not in every torch
+    return khz / 1e3 if khz else 1980.0
 
 
 def report(say: Callable[[str], None], title: str, conditions: list, acc: Accumulators) -> None:
