@@ -448,6 +448,11 @@ def bench(
                                              "manifests/bench_targets.yaml)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an --out that is not bench evidence of this "
                                                         "manifest")] = False,
+    backward_thread: Annotated[str, typer.Option(
+        "--backward-thread", metavar="worker|caller",
+        help="where the timed backwards run, for every side alike: worker = the autograd engine's device thread "
+             "(torch's default), caller = the calling thread (torch.autograd.set_multithreading_enabled(False)); "
+             "recorded in the evidence")] = "worker",
 ) -> None:
     """Time every op of the manifest end to end and kernels only, next to the stock path, the installed anchors
     and the run's own ceilings; print the ratios, write signed bench evidence and a PNG chart.
@@ -459,7 +464,7 @@ def bench(
     from gradsweep.report.bench import render_bench
 
     opts = BenchOptions(manifest=manifest, ops=op, families=family, out=out, key=key, chart=chart, quick=quick,
-                        targets=targets, force=force, argv=list(sys.argv))
+                        targets=targets, force=force, argv=list(sys.argv), backward_thread=backward_thread)
     try:
         outcome = run_bench(opts, say)
     except BadInput as exc:

@@ -11,6 +11,7 @@
 # the next call; a cut bench or drift leaves nothing and runs again next call.
 # Usage (repo root, on the GPU machine):
 #   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--sweep-shards N] [--bench-ops "OP OP ..."]... [--drift]
+#                                 [--backward-thread worker|caller]   (given to every bench; default: bench's own)
 # (keep N the same across the calls of one closeout: each shard resumes from its own partial log; the shards run one
 # at a time, so N only sets how the sweep's progress is cut into separately signed parts)
 # OUT gets: state.tar.gz (everything the next call needs and every result so far), logs.tar.gz, summary.txt, and
@@ -19,12 +20,13 @@
 # sweep compiling; the cache is keyed by each kernel's source and options, so a changed kernel compiles anew).
 set -uo pipefail
 state=${1:?STATE}; out=${2:?OUT}; key=${3:?signing key}; shift 3
-deadline=560; groups=(); shards=1
+deadline=560; groups=(); shards=1; bench_extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench-ops) groups+=("$2"); shift 2;;
     --deadline) deadline=$2; shift 2;;
     --drift) groups+=(drift); shift;;
+    --backward-thread) bench_extra+=(--backward-thread "$2"); shift 2;;
     --sweep-shards) shards=$2; shift 2;;
     *) echo "unknown argument $1" >&2; exit 2;;
   esac
@@ -166,7 +168,7 @@ if [ -f "$new/h200.evidence.json" ]; then
     ops=(); for op in $group; do ops+=(--op "$op"); done
     t0=$(date +%s)
     timeout "$budget" python3 -m gradsweep.cli bench manifests/h200.yaml -o "out/$name.evidence.json" \
-      --chart "out/$name.png" --key "$key" "${ops[@]}" > "$logs/$name.log" 2>&1
+      --chart "out/$name.png" --key "$key" "${ops[@]}" "${bench_extra[@]}" > "$logs/$name.log" 2>&1
     rc=$?
     note "bench [$group] rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s)"
     if [ $rc -eq 0 ] && [ -f "out/$name.evidence.json" ]; then

@@ -18,6 +18,7 @@ from gradsweep.bench.ceilings import measure_ceilings
 from gradsweep.bench.evidence import is_bench_evidence, read_bench, write_bench_evidence
 from gradsweep.bench.measure import run_case
 from gradsweep.bench.predicate import (
+    BACKWARD_THREADS,
     AnchorRecord,
     BenchPredicate,
     BenchRun,
@@ -54,6 +55,7 @@ class BenchOptions:
     force: bool = False
     argv: list[str] = field(default_factory=list)
     timer: Timer | None = None  # tests plant a fake clock
+    backward_thread: str = "worker"  # one of BACKWARD_THREADS
 
 
 @dataclass
@@ -130,6 +132,8 @@ def run_bench(opts: BenchOptions, say: Say = lambda s: None) -> BenchOutcome:
     from gradsweep.manifest import DEFAULT_MANIFEST, ManifestError, load_manifest
 
     root = repo_root()
+    if opts.backward_thread not in BACKWARD_THREADS:
+        raise BadInput(f"--backward-thread {opts.backward_thread!r}: use {' or '.join(BACKWARD_THREADS)}")
     manifest_path = Path(opts.manifest) if opts.manifest is not None else DEFAULT_MANIFEST
     if not manifest_path.exists():
         raise BadInput(f"manifest {manifest_path}: no such file")
@@ -184,10 +188,15 @@ def run_bench(opts: BenchOptions, say: Say = lambda s: None) -> BenchOutcome:
         f"{ceilings.host_text()}")
     check_lengths = list(QUICK_CHECK_LENGTHS if opts.quick else manifest.samples.lengths)
     records: list[CaseRecord] = []
-    for i, case in enumerate(selection.cases, 1):
-        say(f"[{i}/{len(selection.cases)}] {case.id}: {case.title}")
-        records.append(run_case(case, selection.slots[case.id], timer, device, manifest.seed + i, ceilings,
-                                list(targets_file.targets), manifest.contract_path, check_lengths, say))
+    say(f"  backwards on {BACKWARD_THREADS[opts.backward_thread]}")
+    # One engine setting for every side of every case (stock, anchors, families): a per-op step makes one backward
+    # call, so on the device thread each op pays the hand-off a trainer's step pays once for its whole graph
+    # (bench/results/engine_thread_2026-12-04/). The setting is restored afterwards, whatever happens.
+    with torch.autograd.set_multithreading_enabled(opts.backward_thread == "worker"):
+        for i, case in enumerate(selection.cases, 1):
+            say(f"[{i}/{len(selection.cases)}] {case.id}: {case.title}")
+            records.append(run_case(case, selection.slots[case.id], timer, device, manifest.seed + i, ceilings,
+                                    list(targets_file.targets), manifest.contract_path, check_lengths, say))
     ext = extension_digest(root)
     pred = BenchPredicate(
         generator=_generator(),
@@ -205,7 +214,7 @@ def run_bench(opts: BenchOptions, say: Say = lambda s: None) -> BenchOutcome:
         claims_figures=not opts.quick and device_name == "cuda",
         runs=[BenchRun(started_at=started, finished_at=now_utc(), argv=portable_argv(opts.argv, root),
                        quick=opts.quick, device=device_name, interpreter=interpreter, timer=timer.describe(),
-                       provenance=provenance)],
+                       provenance=provenance, backward_thread=opts.backward_thread)],
         ceilings=ceilings, anchors=_anchors(records), cases=records,
         summary=summarise(records), verdict=BenchVerdict(exit_code=0, summary=""))
     pred = pred.model_copy(update={"verdict": verdict(pred.summary)})

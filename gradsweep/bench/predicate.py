@@ -30,6 +30,12 @@ class TargetsRef(_Strict):
     version: int
 
 
+BACKWARD_THREADS = {  # BenchRun.backward_thread: where the timed backwards ran, in words
+    "worker": "the autograd engine's device thread (torch's default)",
+    "caller": "the calling thread (torch.autograd.set_multithreading_enabled(False))",
+}
+
+
 class BenchRun(_Strict):
     """The invocation (``runs`` is a one-element list, the shape sweep evidence has, so readers share code)."""
 
@@ -41,6 +47,10 @@ class BenchRun(_Strict):
     interpreter: bool = Field(description="Triton ran under TRITON_INTERPRET=1")
     timer: dict[str, Any]
     provenance: Provenance
+    backward_thread: Literal["worker", "caller"] = Field(
+        "worker", description="where the autograd engine ran the timed backwards: its device thread (worker, torch's "
+        "default; every file from before this field) or the calling thread (caller: "
+        "torch.autograd.set_multithreading_enabled(False)); every side of the run alike")
 
 
 class Selection(_Strict):
@@ -147,7 +157,8 @@ class BenchVerdict(_Strict):
 
 
 class BenchPredicate(_Strict):
-    schema_version: Literal[1, 2] = 2  # 2: host issue times (ImplRecord.issue, issue_ms; metric host_vs_e2e)
+    schema_version: Literal[1, 2, 3] = 3  # 2: host issue times (ImplRecord.issue, issue_ms; metric host_vs_e2e);
+    # 3: BenchRun.backward_thread
     generator: str
     manifest: ManifestRef
     contract: ContractRef

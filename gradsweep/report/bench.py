@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gradsweep.bench.predicate import BenchPredicate, CaseRecord, FamilyResult, TargetResult
+from gradsweep.bench.predicate import BACKWARD_THREADS, BenchPredicate, CaseRecord, FamilyResult, TargetResult
 from gradsweep.evidence.verify import EvidenceError
 from gradsweep.report.readers import Opened, open_signed
 
@@ -130,6 +130,7 @@ def render_bench(pred: BenchPredicate, console: Console, banners: Sequence[str] 
     if note:
         console.print(Text(note, style="dim"))
     console.print(bench_table(pred))
+    console.print(Text(backward_text(pred.runs[0].backward_thread), style="dim"))
     for case in pred.cases:
         for name, fam in case.families.items():
             for c in fam.checks:
@@ -192,6 +193,11 @@ def _md_rows(pred: BenchPredicate) -> list[str]:
     return rows
 
 
+def backward_text(thread: str) -> str:
+    """Where the run's backwards ran (every side alike), in words."""
+    return f"backwards on {BACKWARD_THREADS.get(thread, thread)}"
+
+
 def render_bench_markdown(pred: BenchPredicate, banners: Sequence[str] = (), note: str | None = None) -> str:
     """Markdown: the header, then one row per (case, family, targeted metric); the README's performance table."""
     run = pred.runs[0]
@@ -204,7 +210,7 @@ def render_bench_markdown(pred: BenchPredicate, banners: Sequence[str] = (), not
            f"**{_esc(pred.verdict.summary)}** (exit {pred.verdict.exit_code})", "",
            f"Ran {run.started_at} on {_esc(where)}; source `{pred.source.sha256[:16]}`, git "
            f"{(prov.git_commit or 'n/a')[:12]}{' (dirty)' if prov.git_dirty else ''}; targets "
-           f"{pred.targets.path} v{pred.targets.version}."]
+           f"{pred.targets.path} v{pred.targets.version}; {backward_text(run.backward_thread)}."]
     if pred.ceilings is not None:
         out += ["", f"Ceilings of the same run: copy {pred.ceilings.copy_gbps:.0f} GB/s, cuBLAS bf16 "
                     f"{pred.ceilings.gemm_tflops:.0f} TFLOP/s{pred.ceilings.host_text()}. End to end: the public "
@@ -220,7 +226,8 @@ def readme_block(pred: BenchPredicate, evidence: str) -> str:
     prov = run.provenance
     lines = [f"Generated from `{evidence}` (signed; `gradsweep verify {evidence}`) by "
              f"`python -m gradsweep.report.bench_readme {evidence}`: {prov.gpu_name or 'no GPU'}, {run.started_at}, "
-             f"git {(prov.git_commit or 'n/a')[:12]}; {_esc(pred.verdict.summary)}."]
+             f"git {(prov.git_commit or 'n/a')[:12]}; {backward_text(run.backward_thread)}; "
+             f"{_esc(pred.verdict.summary)}."]
     if not pred.claims_figures:
         lines.append(f"**{SMOKE}.**")
     if pred.ceilings is not None:
