@@ -47,6 +47,9 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(name, major, minor, sms);
   }, py::arg("device"), "(name, major, minor, multiprocessor count)");
   m.def("error_string", &gs::error_string, py::arg("code"));
+  m.def("tma_encode_error", []() { return gs::kTmaEncodeError; });
+  m.def("_fail_next_tma_encodes", &gs::fail_next_tma_encodes, py::arg("n"),
+        "tests only: the next n TMA descriptor encodes fail (the GEMM must refuse to launch)");
   m.def("build_info", []() {
     py::dict d;
     int rt = 0, drv = 0;

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "gradsweep.h"
 #include "tensor_map.cuh"
 // CUTLASS encodes a TMA descriptor per operand per launch through cuTensorMapEncodeTiled, by default looking the
 // driver function up on every call (cuda_host_adapter.hpp). The "direct call" mode plus this name routes its
@@ -107,10 +108,12 @@ int run(const void* a, int64_t lda, const void* b, int64_t ldb, void* d, int64_t
   // configuration; update() builds the same launch parameters without it.
   static OncePerDevice attribute_set;
   const bool known = attribute_set.done(device);
+  encode_failure() = CUDA_SUCCESS;  // the TMA descriptors are encoded inside update() / initialize()
   if ((known ? gemm.update(args) : gemm.initialize(args, nullptr, stream)) != cutlass::Status::kSuccess) {
     const cudaError_t e = cudaGetLastError();
     return static_cast<int>(e != cudaSuccess ? e : cudaErrorLaunchFailure);
   }
+  if (encode_failure() != CUDA_SUCCESS) return kTmaEncodeError + static_cast<int>(encode_failure());  // no launch
   attribute_set.mark(device);
   if (gemm.run(stream) != cutlass::Status::kSuccess) {
     const cudaError_t e = cudaGetLastError();

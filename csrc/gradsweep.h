@@ -19,12 +19,17 @@ constexpr int64_t kRopeMaxHeadDim = 8192;
 // Vocabulary columns per CTA of the fused linear_logp forward (a constant: a row's log-sum-exp order follows it).
 constexpr int64_t kLlpVChunk = 2048;
 
+// An error code of this value plus a CUresult: the driver would not encode a TMA descriptor of a CUTLASS GEMM,
+// and nothing was launched (tensor_map.cuh, gemm_sm90.cuh); error_string names it.
+constexpr int kTmaEncodeError = 1 << 20;
+
 // runtime.cu
+void fail_next_tma_encodes(int n);  // tests only: the next n TMA descriptor encodes fail (tensor_map.cuh)
 int device_count(int* count);  // never throws: cudaGetDeviceCount's error code
 int device_info(int device, std::string* name, int* major, int* minor, int* sm_count);
 int runtime_version(int* version);
 int driver_version(int* version);
-std::string error_string(int code);  // "cudaErrorX (N): description"
+std::string error_string(int code);  // "cudaErrorX (N): description" (or the TMA encode failure)
 std::string build_arch_list();       // __CUDA_ARCH_LIST__ as compiled
 
 // rms_norm.cu

@@ -14,7 +14,24 @@ namespace gs {
 // The encoder's type from its declaration (CUTLASS includes cudaTypedefs.h inside namespace cutlass).
 using TensorMapEncoder = decltype(&::cuTensorMapEncodeTiled);
 
-// Same parameters as cuTensorMapEncodeTiled; CUDA_ERROR_NOT_SUPPORTED when the driver has no encoder.
+// The first encode failure on this thread since the last reset (CUDA_SUCCESS: none). CUTLASS's own call sites
+// only print a failed encode and launch anyway, with a descriptor the kernel cannot use (seen under Nsight
+// Compute's injection: CUresult 201 for every descriptor, then an illegal instruction that poisons the context):
+// gemm_sm90.cuh resets this before it builds a GEMM's parameters and launches nothing after a failure.
+inline CUresult& encode_failure() {
+  thread_local CUresult first = CUDA_SUCCESS;
+  return first;
+}
+
+// Tests only (gradsweep._C._fail_next_tma_encodes): the next n encodes fail with CUDA_ERROR_INVALID_VALUE
+// without reaching the driver, so the refusal above can be exercised on a GPU where encodes succeed.
+inline int& forced_encode_failures() {
+  static int n = 0;
+  return n;
+}
+
+// Same parameters as cuTensorMapEncodeTiled; CUDA_ERROR_NOT_SUPPORTED when the driver has no encoder. A failure
+// is also kept in encode_failure().
 inline CUresult encode_tensor_map_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* base,
                                         const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
                                         const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
@@ -29,8 +46,15 @@ inline CUresult encode_tensor_map_tiled(CUtensorMap* map, CUtensorMapDataType ty
                ? reinterpret_cast<TensorMapEncoder>(fn)
                : nullptr;
   }();
-  if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  return encode(map, type, rank, base, dims, strides, box, element_strides, interleave, swizzle, l2, fill);
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (forced_encode_failures() > 0) {
+    --forced_encode_failures();
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (encode != nullptr) {
+    r = encode(map, type, rank, base, dims, strides, box, element_strides, interleave, swizzle, l2, fill);
+  }
+  if (r != CUDA_SUCCESS && encode_failure() == CUDA_SUCCESS) encode_failure() = r;
+  return r;
 }
 
 }  // namespace gs

@@ -56,6 +56,9 @@ def test_nvcc_build_and_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     # setup.sh installs the nvidia-cutlass headers: a build here must carry the Hopper GEMMs
     assert info["sm90_gemm"] is True, "built without the CUTLASS headers (pip install nvidia-cutlass==4.2.0.0)"
     assert "cudaErrorInsufficientDriver" in ext.error_string(35)
+    # A TMA descriptor the driver would not encode stops a CUTLASS GEMM before its launch, and says so.
+    says = ext.error_string(ext.tma_encode_error() + 201)
+    assert "cuTensorMapEncodeTiled returned CUresult 201" in says and "nothing was launched" in says
     # The fold launcher refuses bad arguments by name before it touches a device (null pointers never read).
     fold_args = dict(plan=0, n_tiles=1, tile=64, dy=0, x=0, grad=0, rows=64, N=16, K=16, ldy=16, ldx=16, ldg=16,
                      device=0, stream=0)

@@ -260,6 +260,33 @@ def _hopper_ext_or_skip(what: str):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+def test_gpu_a_failed_tma_encode_launches_nothing() -> None:
+    """CUTLASS only prints a failed cuTensorMapEncodeTiled and launches anyway: under Nsight Compute every encode
+    of the GEMM returned 201 and the kernel hit an illegal instruction, which poisons the context for every later
+    cell of a sweep. The Hopper GEMM refuses instead (an error naming the encode), writes nothing, and the device
+    stays usable: the next call runs and gives the portable path's bits. The failure is planted
+    (``_fail_next_tma_encodes``: the next encode fails without reaching the driver)."""
+    ext, dev, stream = _hopper_ext_or_skip("the Hopper GEMM")
+    gen = torch.Generator().manual_seed(5)
+    m, n, k = 256, 4096, 4096
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
+    w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(torch.bfloat16).cuda()
+    y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), m, n, k, k, k, n, dev, stream)
+    ext._fail_next_tma_encodes(1)
+    with pytest.raises(RuntimeError, match=r"cuTensorMapEncodeTiled returned CUresult 1 .*nothing was launched"):
+        ext.gemm_nt(*args, 2)
+    torch.cuda.synchronize()  # no illegal instruction
+    assert torch.isnan(y.float()).all(), "the refused GEMM wrote its output"
+    ext.gemm_nt(*args, 2)
+    hopper = y.clone()
+    ext.gemm_nt(*args, 1)
+    torch.cuda.synchronize()
+    assert torch.equal(hopper.view(torch.int16), y.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
 def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
     """The CUTLASS (wgmma) kernels and the mma.sync kernels give the same bits, for every M configuration
     (bf16 out, and fp32 C += AB, the Hopper epilogue's C + acc rounded once).
