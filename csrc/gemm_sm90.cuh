@@ -42,14 +42,16 @@ using cute::Shape;
 // A CUTLASS GEMM D[M, N] = A[M, K] B[K, N] (bf16 in, fp32 accumulate, ElementD out (bf16, or fp32: D is the
 // accumulator itself); ElementC void: no source, else D = C + acc where run() is asked to accumulate).
 // LayoutB: cutlass::layout::ColumnMajor for B(k, n) = b[n * ldb + k] (x @ W^T), RowMajor for b[k * ldb + n].
+// LayoutA / LayoutD: RowMajor (a[m * lda + k], d[m * ldd + n]) except in the swapped small-M GEMMs below.
 template <class LayoutB, class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule,
-          class ElementD = cutlass::bfloat16_t, class ElementC = void>
+          class ElementD = cutlass::bfloat16_t, class ElementC = void, class LayoutA_ = cutlass::layout::RowMajor,
+          class LayoutD_ = cutlass::layout::RowMajor>
 struct Gemm {
   static constexpr bool kHasSource = !cute::is_void_v<ElementC>;
   using Element = cutlass::bfloat16_t;
   using ElementOut = ElementD;
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutD = cutlass::layout::RowMajor;
+  using LayoutA = LayoutA_;
+  using LayoutD = LayoutD_;
   static constexpr int kAlign = 8;                                        // bf16 elements per 16 bytes
   static constexpr int kAlignD = 16 / static_cast<int>(sizeof(ElementD));  // output elements per 16 bytes
 
@@ -122,8 +124,9 @@ int run(const void* a, int64_t lda, const void* b, int64_t ldb, void* d, int64_t
   return static_cast<int>(cudaGetLastError());
 }
 
-// The three configurations, by M (speed only; the bits do not follow them). Chosen on the H200 among eleven
-// tile / schedule pairs (notes/kernels_cuda.md, "Hopper GEMM configurations"): at M <= 256 a persistent
+// The three configurations, by M (speed only; the bits do not follow them), plus the swapped one above for
+// M <= kSwapM. Chosen on the H200 among eleven tile / schedule pairs (notes/kernels_cuda.md, "Hopper GEMM
+// configurations"): at M <= 256 a persistent
 // ping-pong kernel on 64 x 128 tiles (the producer keeps loading across tiles while the two consumer
 // warpgroups alternate: the GEMM streams the weight), above it the cooperative kernel on 128 x 256 tiles,
 // and 256 x 128 from M = 8192 (8% faster at M = 16384, N = 4096).
@@ -153,10 +156,29 @@ using GemmHuge = Gemm<LayoutB, Shape<Int<256>, Int<128>, Int<64>>, Shape<Int<1>,
 constexpr int64_t kSmallM = 256;
 constexpr int64_t kHugeM = 8192;
 
+// At M <= kSwapM the product runs swapped: D^T[N, M] = B^T[N, K] A^T[K, M]. The weight's rows fill the 64-row
+// wgmma tiles (64 CTAs at N = 4096 with every weight box in bounds) and the few token rows are a 16-column tile:
+// cuBLAS's kernel time at M = 1 / 16 / 32 where the unswapped 64 x 128 tiles (32 CTAs whose A boxes are mostly
+// out of bounds) ran 1.7-2.0x (bench/results/gemm_tiles_2026-12-04/). The bits do not move: an output element
+// still receives one wgmma per 16-wide k step in ascending k with the same two bf16 factors per product, only
+// which operand the instruction reads as A changes (checked bit for bit against the mma.sync path and against
+// the same rows at M = 8192 by tests/test_cuda_ops.py). LayoutA2 is the layout of B^T read as the swapped A.
+constexpr int64_t kSwapM = 64;
+template <class LayoutA2>
+using GemmSwapped = Gemm<cutlass::layout::ColumnMajor, Shape<Int<64>, Int<16>, Int<128>>, Shape<Int<1>, Int<1>, Int<1>>,
+                         cutlass::gemm::KernelTmaWarpSpecializedPingpong, cutlass::epilogue::TmaWarpSpecialized,
+                         cutlass::bfloat16_t, void, LayoutA2, cutlass::layout::ColumnMajor>;
+// B(k, n) = b[n * ldb + k] (ColumnMajor) gives B^T(n, k) row-major, and the other way round.
+template <class LayoutB>
+using SwappedA = cute::conditional_t<cute::is_same_v<LayoutB, cutlass::layout::ColumnMajor>, cutlass::layout::RowMajor,
+                                     cutlass::layout::ColumnMajor>;
+
 // Runs the configuration of M (LayoutB as in Gemm).
 template <class LayoutB>
 int run_by_m(const void* a, int64_t lda, const void* b, int64_t ldb, void* d, int64_t ldd, int64_t M, int64_t N,
              int64_t K, int device, cudaStream_t stream) {
+  // swapped: A^T(k, m) = a[m * lda + k] is a ColumnMajor B with ld lda, D^T(n, m) = d[m * ldd + n] ColumnMajor
+  if (M <= kSwapM) return run<GemmSwapped<SwappedA<LayoutB>>>(b, ldb, a, lda, d, ldd, N, M, K, device, stream);
   if (M <= kSmallM) return run<GemmSmall<LayoutB>>(a, lda, b, ldb, d, ldd, M, N, K, device, stream);
   if (M < kHugeM) return run<GemmLarge<LayoutB>>(a, lda, b, ldb, d, ldd, M, N, K, device, stream);
   return run<GemmHuge<LayoutB>>(a, lda, b, ldb, d, ldd, M, N, K, device, stream);

@@ -12,6 +12,8 @@
 # Usage (repo root, on the GPU machine):
 #   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--sweep-shards N] [--bench-ops "OP OP ..."]... [--drift]
 #                                 [--backward-thread worker|caller]   (given to every bench; default: bench's own)
+# (a group written "caller:OPS" or "worker:OPS" runs on that engine thread whatever --backward-thread says, its
+# files named with a -caller / -worker suffix: one call can record a group on both)
 # (keep N the same across the calls of one closeout: each shard resumes from its own partial log; the shards run one
 # at a time, so N only sets how the sweep's progress is cut into separately signed parts)
 # OUT gets: state.tar.gz (everything the next call needs and every result so far), logs.tar.gz, summary.txt, and
@@ -161,14 +163,21 @@ if [ -f "$new/h200.evidence.json" ]; then
       save
       continue
     fi
-    name=h200.bench-$(echo "$group" | tr ' ' '-')
+    # "worker:OPS" / "caller:OPS": this group's autograd-engine thread (name suffix -worker / -caller), else
+    # --backward-thread's (or the bench's default) and no suffix
+    thread=(); suffix=""; ops_text=$group
+    case "$group" in
+      worker:*|caller:*) thread=(--backward-thread "${group%%:*}"); suffix="-${group%%:*}"; ops_text=${group#*:};;
+    esac
+    name=h200.bench-$(echo "$ops_text" | tr ' ' '-')$suffix
     if [ -f "$new/$name.evidence.json" ]; then continue; fi
     budget=$(( $(left) - 10 ))
     if [ "$budget" -lt 45 ]; then note "bench [$group] not started: $budget s left"; continue; fi
-    ops=(); for op in $group; do ops+=(--op "$op"); done
+    ops=(); for op in $ops_text; do ops+=(--op "$op"); done
+    [ ${#thread[@]} -gt 0 ] || thread=("${bench_extra[@]}")
     t0=$(date +%s)
     timeout "$budget" python3 -m gradsweep.cli bench manifests/h200.yaml -o "out/$name.evidence.json" \
-      --chart "out/$name.png" --key "$key" "${ops[@]}" "${bench_extra[@]}" > "$logs/$name.log" 2>&1
+      --chart "out/$name.png" --key "$key" "${ops[@]}" "${thread[@]}" > "$logs/$name.log" 2>&1
     rc=$?
     note "bench [$group] rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s)"
     if [ $rc -eq 0 ] && [ -f "out/$name.evidence.json" ]; then

@@ -312,7 +312,7 @@ def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
         for path in (1, 2):
             y = torch.empty(8192, n, dtype=torch.bfloat16, device="cuda")
             dx = torch.empty(8192, k, dtype=torch.bfloat16, device="cuda")
-            for m in (1, 16, 256, 257, 2304, 8192):
+            for m in (1, 16, 64, 65, 256, 257, 2304, 8192):
                 ext.gemm_nt(x.data_ptr(), w.data_ptr(), y.data_ptr(), m, n, k, k, k, n, dev, stream, path)
                 ext.gemm_nn(dy.data_ptr(), w.data_ptr(), dx.data_ptr(), m, k, n, n, k, k, 0, dev, stream, path)
                 acc = c0.clone()  # out 2: C + AB rounded once (CUTLASS's beta = 1 epilogue, mma.sync's EpiF32Add)
@@ -320,7 +320,7 @@ def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
                 outs[(path, m)] = (y[:m].clone(), dx[:m].clone(), acc[:m].clone())
                 if not bitwise_compare(acc[m:], c0[m:]).equal:
                     bad.append(f"C += AB path {path} K={k} N={n} M={m}: rows past M were written")
-        for m in (1, 16, 256, 257, 2304, 8192):
+        for m in (1, 16, 64, 65, 256, 257, 2304, 8192):
             for name, i in (("fwd", 0), ("dX", 1), ("C += AB", 2)):
                 diff = bitwise_compare(outs[(1, m)][i], outs[(2, m)][i])
                 if not diff.equal:
