@@ -6,6 +6,7 @@ host cost excluded (the bench's end-to-end rows carry that). The outputs are sav
 compared:
 
     python3 scripts/gemm_tile_probe.py run OUT/side.pt          # with one build's gradsweep/_C*.so in place
+    python3 scripts/gemm_tile_probe.py run OUT/side.pt triton   # the Triton family's GEMM instead
     python3 scripts/gemm_tile_probe.py compare OUT/a.pt OUT/b.pt
 """
 
@@ -41,8 +42,11 @@ def graph_time_us(fn) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def run(path: str) -> None:
-    from gradsweep.cuda_kernels.gemm import matmul_invariant
+def run(path: str, family: str = "cuda") -> None:
+    if family == "triton":
+        from gradsweep.triton_kernels.gemm import matmul_invariant
+    else:
+        from gradsweep.cuda_kernels.gemm import matmul_invariant
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     outputs = {}
@@ -82,6 +86,6 @@ def compare(a: str, b: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "run":
-        run(sys.argv[2])
+        run(sys.argv[2], *sys.argv[3:4])
     else:
         sys.exit(compare(sys.argv[2], sys.argv[3]))
