@@ -311,7 +311,7 @@ acc = torch.zeros(64, 1024, device="cuda")
 for _ in range(4):  # the accumulating pointer GEMM on one accumulator: memoised after its first launches
     gemm.matmul_accumulate(x[:64], w.t(), acc)
 torch.cuda.synchronize()
-assert gemm._MM_TMA._memo and gemm._MM.launch._memo, "no launch was memoised"
+assert gemm._MM_TMA._memo and gemm._MM.launch._memo and gemm._MM_SWAP.launch._memo, "no launch was memoised"
 _launch.FAST_LAUNCH = False  # Triton's own launch path: its wrapper encodes every descriptor
 for m, out in zip(ms, fast):
     plain = gemm.matmul_invariant(x[:m], w)

@@ -35,6 +35,7 @@ every product goes through ``_common.mma``: a fixed-order FP32 product that neve
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import torch
@@ -145,6 +146,28 @@ def mm_configs(key: tuple) -> list[triton.Config]:
 
 
 _MM = Tuner(_mm_kernel, mm_configs)
+
+# Small M on a Hopper-class GPU runs swapped: C^T[N, M] = B^T[N, K] @ A^T[K, M] through the same kernel, so the
+# weight's rows fill a 64- or 128-row tile (every load in bounds, one wgmma-sized tile) and the few token rows are
+# a 16- or 32-column tile (they wrap modulo M like any tile tail: never stored). The CUDA family's swapped CUTLASS
+# GEMM took M = 1 / 16 from 1.9-2.0x to 1.0x cuBLAS (notes/kernels_cuda.md, "Twentieth session"). An output
+# element still gets one tl.dot chain over K in ascending BK blocks with the same two factors per product: the
+# swap moves no bit (checked on the GPU by tests/test_triton_gemm_swap.py against the unswapped launch and the
+# TMA kernel's rows). A speed choice: GRADSWEEP_TRITON_SWAP_M sets the largest swapped M (default 64, 0: never).
+SWAP_M = int(os.environ.get("GRADSWEEP_TRITON_SWAP_M", "64"))
+_SWAP_SHAPES = {  # (BM over N, BN over M, BK, warps, stages) by the bucket of M
+    16: [(64, 16, 128, 4, 4), (64, 16, 256, 4, 3), (128, 16, 128, 4, 4), (64, 16, 64, 4, 6), (128, 16, 64, 8, 5)],
+    64: [(64, 32, 128, 4, 4), (64, 64, 64, 4, 4), (128, 32, 128, 8, 4), (64, 16, 128, 4, 4), (128, 64, 64, 8, 4)],
+}
+
+
+def swap_configs(key: tuple) -> list[triton.Config]:
+    """Candidates of the swapped small-M launch (key[0]: the bucket of M, 16 or 64)."""
+    return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8}, num_warps=w, num_stages=st)
+            for bm, bn, bk, w, st in _SWAP_SHAPES[key[0]]]
+
+
+_MM_SWAP = Tuner(_mm_kernel, swap_configs)
 
 
 @triton.jit
@@ -285,6 +308,9 @@ def _launch_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_in: bool
                          EVEN_K=k % cfg["BK"] == 0, HINT_N=hint)
         return out
 
+    if m <= SWAP_M and a.is_cuda and _capability(a) >= 9:
+        return _launch_mm_swapped(a, b, out, acc_in)
+
     def grid(meta):
         return (cdiv(m, meta["BM"]) * cdiv(n, meta["BN"]),)
 
@@ -294,6 +320,25 @@ def _launch_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_in: bool
     _MM.memo((a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, sa, sb, so, a.dtype, b.dtype, out.dtype),
              (m_bucket(m), n, k, acc_in, hint, a.dtype, out.dtype, sa[1] == 1, sb[1] == 1), grid, args,
              {"ACC_IN": acc_in, "HINT_N": hint}, scratch=2 if acc_in else None, k_even=k)
+    return out
+
+
+def _launch_mm_swapped(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_in: bool) -> torch.Tensor:
+    """``_launch_mm`` at small M (``SWAP_M``), run as out^T (+)= b^T @ a^T: the kernel's rows are b's N columns, its
+    columns a's M rows (strides exchanged, nothing copied); see ``SWAP_M``."""
+    m, k = a.shape
+    n = b.shape[1]
+    sa, sb, so = a.stride(), b.stride(), out.stride()
+    hint = sa[0] == 1 and m % 8 == 0  # the swapped B (a^T) contiguous along its columns: a column-major a
+
+    def grid(meta):
+        return (cdiv(n, meta["BM"]) * cdiv(m, meta["BN"]),)
+
+    def args() -> list:
+        return [b, a, out, n, m, k, sb[1], sb[0], sa[1], sa[0], so[1], so[0]]
+    _MM_SWAP.memo((a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, sa, sb, so, a.dtype, b.dtype, out.dtype),
+                  (16 if m <= 16 else 64, n, k, acc_in, hint, a.dtype, out.dtype, sa[1] == 1, sb[0] == 1), grid,
+                  args, {"ACC_IN": acc_in, "HINT_N": hint}, scratch=2 if acc_in else None, k_even=k)
     return out
 
 
