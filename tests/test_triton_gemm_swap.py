@@ -37,8 +37,8 @@ def test_the_swapped_arguments_are_the_transposed_problem(monkeypatch: pytest.Mo
     w = torch.randn(40, 48).bfloat16()
     dy = torch.randn(5, 40).bfloat16()
     acc = torch.randn(5, 40)
-    cases = [(x, w.t(), torch.empty(5, 40, dtype=torch.bfloat16), False),
-             (dy, w, torch.empty(5, 48, dtype=torch.bfloat16), False),
+    cases = [(x, w.t(), torch.randn(5, 40).bfloat16(), False),
+             (dy, w, torch.randn(5, 48).bfloat16(), False),
              (x, w.t(), acc.clone(), True)]
     for a, b, out, acc_in in cases:
         gemm._launch_mm_swapped(a, b, out, acc_in)
