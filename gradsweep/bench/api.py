@@ -28,6 +28,7 @@ from gradsweep.bench.predicate import (
     Selection,
     Summary,
     TargetsRef,
+    backward_text,
 )
 from gradsweep.bench.suite import select
 from gradsweep.bench.targets import DEFAULT_TARGETS, TargetsError, load_targets
@@ -188,7 +189,7 @@ def run_bench(opts: BenchOptions, say: Say = lambda s: None) -> BenchOutcome:
         f"{ceilings.host_text()}")
     check_lengths = list(QUICK_CHECK_LENGTHS if opts.quick else manifest.samples.lengths)
     records: list[CaseRecord] = []
-    say(f"  backwards on {BACKWARD_THREADS[opts.backward_thread]}")
+    say(f"  {backward_text(opts.backward_thread)}")
     # One engine setting for every side of every case (stock, anchors, families): a per-op step makes one backward
     # call, so on the device thread each op pays the hand-off a trainer's step pays once for its whole graph
     # (bench/results/engine_thread_2026-12-04/). The setting is restored afterwards, whatever happens.

@@ -36,6 +36,11 @@ BACKWARD_THREADS = {  # BenchRun.backward_thread: where the timed backwards ran,
 }
 
 
+def backward_text(thread: str) -> str:
+    """Where the run's backwards ran (every side alike), in words."""
+    return f"backwards on {BACKWARD_THREADS.get(thread, thread)}"
+
+
 class BenchRun(_Strict):
     """The invocation (``runs`` is a one-element list, the shape sweep evidence has, so readers share code)."""
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gradsweep.bench.predicate import BACKWARD_THREADS, BenchPredicate, CaseRecord, FamilyResult, TargetResult
+from gradsweep.bench.predicate import BenchPredicate, CaseRecord, FamilyResult, TargetResult, backward_text
 from gradsweep.evidence.verify import EvidenceError
 from gradsweep.report.readers import Opened, open_signed
 
@@ -191,11 +191,6 @@ def _md_rows(pred: BenchPredicate) -> list[str]:
                             f"{fmt_metric(metric, fam.metrics.get(kernels)) if kernels else '-'} | {host} | {bound} | "
                             f"{state} |")
     return rows
-
-
-def backward_text(thread: str) -> str:
-    """Where the run's backwards ran (every side alike), in words."""
-    return f"backwards on {BACKWARD_THREADS.get(thread, thread)}"
 
 
 def render_bench_markdown(pred: BenchPredicate, banners: Sequence[str] = (), note: str | None = None) -> str:
