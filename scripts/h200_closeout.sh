@@ -79,6 +79,9 @@ fi
 # its own partial log; `gradsweep merge` then signs the shards' union, which it checks is exactly the unsharded cell
 # set). Not side by side: on 2026-12-04 three shard processes on the one H200 ran it out of memory (each process's
 # caching allocator keeps what its largest cells took): 35 of 451 cells ended as CUDA out-of-memory errors.
+# Prefer one process (the default): a worker computes each op's FP64 reference and stock baselines once per profile,
+# and every shard process does it again; on 2026-12-04 the release sweep took 695 s as one process resumed across two
+# calls, 877 s as two shards.
 ev=out/h200.evidence.json
 finish_sweep() {  # verify and render the complete evidence
   cp out/h200.evidence.json out/h200.test-result.json "$new"/
