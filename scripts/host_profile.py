@@ -10,6 +10,9 @@ step the bench times (``OpStep``: fresh folds, forward of every call, backwards)
 - then a cProfile of 200 steps (caller setting: cProfile sees only the thread that enables it), its top
   functions by own and by cumulative time, written to OUT/NAME.prof.txt.
 
+``fold_plan/...`` cases time the catalog's planning step itself (no kernels; cold ones clear the plan caches each
+step, uploads included).
+
 Usage (on the GPU box): python3 scripts/host_profile.py OUT det_gemm/dx_m1 det_gemm/dw_t4096 rms_norm/bwd ...
 """
 
@@ -26,6 +29,7 @@ from pathlib import Path
 import torch
 
 from gradsweep.bench.catalog import catalog
+from gradsweep.bench.catalog.fold_plan import PlanSubject
 from gradsweep.bench.data import draw
 from gradsweep.bench.runner import OpStep, packed_layout
 from gradsweep.bench.suite import normalised
@@ -81,6 +85,13 @@ def main(out: Path, ids: list[str]) -> None:
     lines = []
     for case_id in ids:
         case = cases[case_id]
+        if case.runner == "fold_plan":  # host planning alone: the catalog's own step (cold: caches cleared)
+            subject = PlanSubject(case, None, {}, device, 7)
+            host, wall = _measure(subject._step)
+            _profile(subject._step, out / f"{case_id.replace('/', '_')}.prof.txt")
+            lines.append(f"{case_id} | host | host {host:.1f} wall {wall:.1f}")
+            print(lines[-1], flush=True)
+            continue
         op = get_op(case.op)
         data = draw(op, case.shape, case.tokens, device, 7)
         layout = packed_layout(case.lengths)
