@@ -11,7 +11,9 @@ explanations predict different things:
 For a ladder of backwards (identity; N iterations of pure Python; N torch ops on a small CUDA tensor), each run
 on both engine settings, this prints per backward
 call: the step's wall time, and inside ``backward`` its wall time and ``time.thread_time()`` (the thread's CPU
-time), medians over ROUNDS x STEPS, plus the CPU each thread ran on (glibc's ``sched_getcpu``).
+time), medians over ROUNDS x STEPS, plus the CPU each thread ran on (glibc's ``sched_getcpu``). A last pass runs
+the ladder on the device thread with it and the main thread pinned to one CPU: if the Python only ran slower
+there for being on another core, the pinned pass reads like the calling thread's.
 
 Usage (on the GPU box): python3 scripts/worker_python_probe.py [OUT.txt]
 """
@@ -28,6 +30,7 @@ import torch
 ROUNDS, STEPS = 5, 200
 _inside: list[tuple[float, float]] = []
 _cpus: set[int] = set()
+_PIN: set[int] = set()  # when set: every thread that runs a backward is pinned to these CPUs (the last pass)
 
 
 def _libc_getcpu():
@@ -67,6 +70,8 @@ def _make(body):
 
         @staticmethod
         def backward(ctx, dy):  # type: ignore[override]
+            if _PIN and os.sched_getaffinity(0) != _PIN:
+                os.sched_setaffinity(0, _PIN)  # this thread only (Linux: 0 is the calling thread)
             w0, c0 = time.perf_counter(), time.thread_time()
             out = body(dy)
             _inside.append((time.perf_counter() - w0, time.thread_time() - c0))
@@ -112,17 +117,23 @@ def main(out: str | None) -> None:
     dy = torch.randn(64, 64, device=device)
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     lines = [f"device {device}; main thread cpu {_cpu()}; affinity {affinity}"]
-    lines.append(f"{'backward':18} {'engine':7} {'step us':>9} {'bwd wall':>9} {'bwd cpu':>9}  cpus")
-    for name, body in _ladder().items():
+    lines.append(f"{'backward':22} {'engine':7} {'step us':>9} {'bwd wall':>9} {'bwd cpu':>9}  cpus")
+    passes = [(name, body, thread) for name, body in _ladder().items() for thread in ("worker", "caller")]
+    # last: the worker thread pinned to the CPU the main thread is on (main pinned too): if the Python runs
+    # slower on the device thread because it runs on another core (cold caches), this pass recovers it
+    passes += [(f"{name} pinned", body, "worker") for name, body in _ladder().items() if name != "identity"]
+    for name, body, thread in passes:
+        if name.endswith("pinned") and not _PIN and hasattr(os, "sched_setaffinity"):
+            _PIN.add(max(_cpu(), 0))
+            os.sched_setaffinity(0, _PIN)
         fn = _make(body)
-        for thread in ("worker", "caller"):
-            _cpus.clear()
-            with torch.autograd.set_multithreading_enabled(thread == "worker"):
-                for _ in range(20):
-                    fn.apply(x).backward(dy)
-                step, wall, cpu = _time(fn, x, dy)
-            lines.append(f"{name:18} {thread:7} {step:9.1f} {wall:9.1f} {cpu:9.1f}  {sorted(_cpus)}")
-            print(lines[-1], flush=True)
+        _cpus.clear()
+        with torch.autograd.set_multithreading_enabled(thread == "worker"):
+            for _ in range(20):
+                fn.apply(x).backward(dy)
+            step, wall, cpu = _time(fn, x, dy)
+        lines.append(f"{name:22} {thread:7} {step:9.1f} {wall:9.1f} {cpu:9.1f}  {sorted(_cpus)}")
+        print(lines[-1], flush=True)
     if out:
         with open(out, "w") as fh:
             fh.write("\n".join(lines) + "\n")
