@@ -75,19 +75,21 @@ def test_resume_refuses_another_runs_partial(tmp_path: Path) -> None:
 
 
 def test_interrupted_cli_sweep_resumes(tmp_path: Path) -> None:
-    """A real Ctrl-C (SIGINT) to `gradsweep sweep`, then `--resume`: finished cells run once. Each fake cell takes
-    1 s (FAKE_SLEEP), so the signal lands mid-sweep even on a loaded box (at 0.2 s a CI box under memory pressure
-    polled the partial log late and the sweep had finished all 12 cells before the signal)."""
+    """A real Ctrl-C (SIGINT) to `gradsweep sweep`, then `--resume`: finished cells run once. The sweep starts with
+    SIGINT at its default disposition whatever this process inherited: a shell's background job ignores SIGINT,
+    the ignore is inherited across exec, and Python then installs no KeyboardInterrupt handler (a `.ci/run` started
+    with `&` from a script ran all 12 cells through the signal and exited 0)."""
     log = tmp_path / "calls.log"
     key = tmp_path / "k.pem"
     write_keypair(key)
     manifest = write_manifest(tmp_path, ops=("a", "b", "c"))
     out = tmp_path / "ev.json"
-    env = {**os.environ, "FAKE_CALL_LOG": str(log), "FAKE_SLEEP": "1.0", "GRADSWEEP_CELL_FN": FAKE_CELL,
+    env = {**os.environ, "FAKE_CALL_LOG": str(log), "FAKE_SLEEP": "0.2", "GRADSWEEP_CELL_FN": FAKE_CELL,
            "GRADSWEEP_MANIFEST_LOADER": FAKE_LOADER, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "gradsweep.cli", "sweep", str(manifest), "-o", str(out), "--key", str(key),
            "-j", "1", "--no-progress"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         part = partial_path(out)
