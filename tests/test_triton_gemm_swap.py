@@ -99,3 +99,14 @@ def test_gpu_swapped_small_m_gives_the_unswapped_bits(tmp_path) -> None:
 
     bad = [key for key in on for i in range(3) if not torch.equal(bits(on[key][i]), bits(off[key][i]))]
     assert not bad, f"swapped and unswapped launches differ in bits: {bad}"
+
+
+def test_which_launches_swap() -> None:
+    """The measured rule (``SWAP_M`` 32, a long reduction swaps only at M <= 8): the M = 64 launch and a 16-row dX
+    through a vocabulary-wide weight stay unswapped, a 1-row one swaps."""
+    if gemm.SWAP_M != 32:
+        pytest.skip("GRADSWEEP_TRITON_SWAP_M set in the environment")
+    assert gemm.swaps(1, 4096) and gemm.swaps(16, 4096) and gemm.swaps(32, 8192)
+    assert not gemm.swaps(33, 4096) and not gemm.swaps(64, 4096)
+    assert gemm.swaps(1, 151936) and gemm.swaps(8, 14336)
+    assert not gemm.swaps(9, 14336) and not gemm.swaps(16, 151936)

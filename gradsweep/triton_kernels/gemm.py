@@ -153,8 +153,18 @@ _MM = Tuner(_mm_kernel, mm_configs)
 # GEMM took M = 1 / 16 from 1.9-2.0x to 1.0x cuBLAS (notes/kernels_cuda.md, "Twentieth session"). An output
 # element still gets one tl.dot chain over K in ascending BK blocks with the same two factors per product: the
 # swap moves no bit (checked on the GPU by tests/test_triton_gemm_swap.py against the unswapped launch and the
-# TMA kernel's rows). A speed choice: GRADSWEEP_TRITON_SWAP_M sets the largest swapped M (default 64, 0: never).
-SWAP_M = int(os.environ.get("GRADSWEEP_TRITON_SWAP_M", "64"))
+# TMA kernel's rows). A speed choice: GRADSWEEP_TRITON_SWAP_M sets the largest swapped M (default 32, 0: never).
+# Measured on the H200 (notes/triton_gemm_vocab.md, "Twenty-first session", graph replay): M = 16 / 32 12.0 /
+# 11.7 -> 8.8 / 9.6 us (cuBLAS's time), M = 1 15.2 -> 13.1, M = 64 11.8 -> 12.1 (no gain: not swapped); a long
+# reduction at M = 16 (dX through a 14336- or 151936-wide weight) ran slower swapped (34 -> 38.5, 343 -> 365 us),
+# so past SWAP_LONG_K only the narrowest M (<= 8, where the swap still won at K = 14336) is swapped.
+SWAP_M = int(os.environ.get("GRADSWEEP_TRITON_SWAP_M", "32"))
+SWAP_LONG_K = 8192
+
+
+def swaps(m: int, k: int) -> bool:
+    """Whether a Hopper launch of M rows with reduction K runs swapped (see ``SWAP_M``)."""
+    return m <= SWAP_M and (m <= 8 or k <= SWAP_LONG_K)
 _SWAP_SHAPES = {  # (BM over N, BN over M, BK, warps, stages) by the bucket of M
     16: [(64, 16, 128, 4, 4), (64, 16, 256, 4, 3), (128, 16, 128, 4, 4), (64, 16, 64, 4, 6), (128, 16, 64, 8, 5)],
     64: [(64, 32, 128, 4, 4), (64, 64, 64, 4, 4), (128, 32, 128, 8, 4), (64, 16, 128, 4, 4), (128, 64, 64, 8, 4)],
@@ -308,7 +318,7 @@ def _launch_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_in: bool
                          EVEN_K=k % cfg["BK"] == 0, HINT_N=hint)
         return out
 
-    if m <= SWAP_M and a.is_cuda and _capability(a) >= 9:
+    if swaps(m, k) and a.is_cuda and _capability(a) >= 9:
         return _launch_mm_swapped(a, b, out, acc_in)
 
     def grid(meta):
