@@ -280,7 +280,8 @@ def test_cuda_timer_takes_the_samples_of_a_case_in_turn():
 
     from gradsweep.bench.timing import Budget, CudaTimer, Entry
 
-    timer = CudaTimer(Budget(target_s=0.001, sample_ms=1.0, min_samples=3, max_samples=3, warmup=1))
+    timer = CudaTimer(Budget(target_s=0.001, sample_ms=1.0, min_samples=3, max_samples=3, warmup=1,
+                             e2e_block_ms=None))  # every entry in the rounds (blocks: the test below)
     timer.torch = fake = _FakeCudaClock(2.0)
     order: list[str] = []
     inside = {"b": False}
@@ -306,6 +307,37 @@ def test_cuda_timer_takes_the_samples_of_a_case_in_turn():
     assert got["a"][0].median_ms == 2.0 and got["a"][0].samples == 3 and got["b"][0].samples == 3
     timed = [o for o in order[6:] if o != "bad"]  # after each one's warm-up and first timed call
     assert timed == ["a", "b"] * 3, order
+
+
+def test_device_bound_entries_are_timed_in_a_heated_block_after_the_rounds() -> None:
+    """An entry whose first timed call keeps the (fake) device busy >= ``e2e_block_ms`` while its host issues it in
+    under half that time is timed apart: ``kernel_heat_ms`` of its own calls, then its samples back to back, so its
+    clocks are its own and not the previous side's; a host-bound entry stays in the rounds; the quick budget (CPU
+    smoke) never blocks."""
+    import time
+
+    from gradsweep.bench.timing import Budget, CudaTimer, Entry
+
+    timer = CudaTimer(Budget(target_s=0.001, sample_ms=1.0, min_samples=3, max_samples=3, warmup=1,
+                             kernel_heat_ms=5.0, e2e_block_ms=1.0))
+    timer.torch = fake = _FakeCudaClock(2.0)
+    order: list[str] = []
+
+    def call(name: str, host_ms: float):
+        def run() -> None:
+            end = time.perf_counter() + host_ms * 1e-3
+            while time.perf_counter() < end:
+                pass
+            order.append(name)
+            fake.calls += 1
+        return run
+
+    got = timer.e2e_rounds({"dev": Entry([call("dev", 0.0)]), "host": Entry([call("host", 1.5)])})
+    assert got["dev"][0].median_ms == 2.0 and got["dev"][0].samples == 3 and got["host"][0].samples == 3
+    timed = order[4:]  # after each one's warm-up and first timed call (the plan)
+    assert timed[:3] == ["host"] * 3, timed[:6]  # the rounds (one entry in them)
+    assert set(timed[3:]) == {"dev"} and len(timed[3:]) > 3  # the heat, then dev's three samples
+    assert Budget.quick().e2e_block_ms is None
 
 
 def test_kernels_rounds_follow_a_burst_of_the_same_calls() -> None:

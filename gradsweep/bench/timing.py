@@ -25,6 +25,14 @@
   apart) slows every side alike instead of whichever was timed in the slow minute, and no side is always timed
   first. Each implementation keeps its own calls per sample and sample count (set by its own speed). The modes
   of a ``bwd`` phase (the step and its forward, subtracted) are entries of the same rounds (``measure``).
+- **device-bound entries in a block** (``Budget.e2e_block_ms``): an entry whose first timed call keeps the device
+  busy for at least that long while its host issues it in under half the time is timed apart from the rounds:
+  ``kernel_heat_ms`` of its own calls back to back, then its samples one after another. In rounds such a sample
+  ran at the clocks the *previous* side's sample left: on 2026-12-04 the cuBLAS reference of linear_logp at
+  T = 16384 read 26.1-26.2 ms in some samples and 30.7-33.9 in others (its kernels-only figure after the heat:
+  29.4 ms), so the end-to-end ratios of power-hungry cases followed the order of the sides. A device-bound
+  sample does not see the host's drift, which the rounds are for; the block times every side at its own
+  sustained clocks, as its kernels-only round does.
 
 Each timing is the median of its samples with the spread (quartiles, min, max). ``HostTimer`` is the CPU
 smoke's wall clock (no device, no kernels figure); tests plant their own timer with the same interface.
@@ -88,11 +96,12 @@ class Budget:
     kernel_rounds: int = 1      # profiled rounds (one kernels sample each)
     kernel_calls: int = 4       # calls per profiled round (at least one per data copy)
     kernel_heat_ms: float = 120.0  # calls back to back before each profiled round (the device's sustained clocks)
+    e2e_block_ms: float | None = 0.1  # a device-bound call this long is timed in a heated block (None: never)
 
     @staticmethod
     def quick() -> Budget:
         return Budget(target_s=0.03, sample_ms=1.0, min_samples=3, max_samples=5, warmup=1, kernel_rounds=1,
-                      kernel_calls=2, kernel_heat_ms=0.0)
+                      kernel_calls=2, kernel_heat_ms=0.0, e2e_block_ms=None)
 
 
 @dataclass(frozen=True)
@@ -296,20 +305,23 @@ class CudaTimer:
             raise got
         return got
 
-    def _plan(self, calls: Sequence[Fn]) -> tuple[int, int]:
-        """(calls per sample, samples) for calls whose one call takes what a first timed call takes."""
+    def _plan(self, calls: Sequence[Fn]) -> tuple[int, int, bool]:
+        """(calls per sample, samples, in a block) for calls whose one call takes what a first timed call takes;
+        in a block: device-bound and at least ``e2e_block_ms`` long (see the module doc)."""
         self._warm(calls)
-        one = max(self._batch(calls, 1)[0], 1e-4)
+        one, issue = self._batch(calls, 1)
+        one = max(one, 1e-4)
         inner = max(1, min(256, math.ceil(self.budget.sample_ms / one)))
         if inner > 1:
             inner = max(inner, len(calls))
         samples = max(self.budget.min_samples,
                       min(self.budget.max_samples, int(self.budget.target_s * 1e3 / (one * inner))))
-        return inner, samples
+        block = self.budget.e2e_block_ms is not None and one >= self.budget.e2e_block_ms and issue < 0.5 * one
+        return inner, samples, block
 
     def e2e_rounds(self, entries: dict[str, Entry]) -> Rounds:
         out: Rounds = {}
-        plans: dict[str, tuple[int, int]] = {}
+        plans: dict[str, tuple[int, int, bool]] = {}
         for label, entry in entries.items():
             plan = _in_context(entry, lambda e=entry: self._plan(e.calls))
             if isinstance(plan, Exception):
@@ -317,8 +329,9 @@ class CudaTimer:
             else:
                 plans[label] = plan
         runs: dict[str, list[tuple[float, float]]] = {label: [] for label in plans}
-        for r in range(max((n for _, n in plans.values()), default=0)):
-            for label, (inner, samples) in plans.items():
+        rounds = {label: plan for label, plan in plans.items() if not plan[2]}
+        for r in range(max((n for _, n, _ in rounds.values()), default=0)):
+            for label, (inner, samples, _) in rounds.items():
                 if r >= samples or label in out:
                     continue
                 got = _in_context(entries[label], lambda e=entries[label], n=inner: self._batch(e.calls, n))
@@ -326,11 +339,24 @@ class CudaTimer:
                     out[label] = got
                 else:
                     runs[label].append(got)
-        for label, (inner, _) in plans.items():
+        for label, (inner, samples, block) in plans.items():
+            if not block:
+                continue
+            got = _in_context(entries[label], lambda e=entries[label], n=inner, k=samples: self._block(e.calls, n, k))
+            if isinstance(got, Exception):
+                out[label] = got
+            else:
+                runs[label] = got
+        for label, (inner, _, _) in plans.items():
             if label not in out:
                 out[label] = (Timing.of([d for d, _ in runs[label]], inner),
                               Timing.of([h for _, h in runs[label]], inner))
         return out
+
+    def _block(self, calls: Sequence[Fn], inner: int, samples: int) -> list[tuple[float, float]]:
+        """A device-bound entry's samples one after another, after ``kernel_heat_ms`` of its own calls."""
+        self._heat(calls)
+        return [self._batch(calls, inner) for _ in range(samples)]
 
     def kernels(self, calls: Sequence[Fn]) -> Timing | None:
         from torch.autograd import DeviceType
