@@ -77,3 +77,45 @@ def test_jobs_do_not_change_results(tmp_path: Path, jobs: int) -> None:
     assert {cid: r.status.value for cid, r in res.items()} == {
         "a/p1/x": "green", "a/p1/y": "green", "b/p1/x": "blocked_hardware", "b/p1/y": "blocked_hardware",
         "a/p2/x": "green", "a/p2/y": "red_verdict", "b/p2/x": "green", "b/p2/y": "red_verdict"}
+
+
+def test_profiles_that_start_alike_share_a_worker_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Profiles with the same environment (and placement) share workers, which walk an op's cells across those
+    profiles before the next op (its baselines are computed once per worker, not once per profile); a profile with
+    an environment of its own keeps its own workers."""
+    import yaml
+
+    from gradsweep.sweep.runner import worker_pools
+
+    assert worker_pools(["p1", "p2", "p3", "p4"], {"p3": {"X": "1"}, "p4": {"X": "1"}}, frozenset({"p2"})) == {
+        "p1": "p1", "p2": "p2", "p3": "p3+p4", "p4": "p3+p4"}
+    manifest = tmp_path / "pools.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "name": "pools", "manifest_version": 1, "contract_version": "fake-1", "ops": ["a", "b"],
+        "layouts": ["x", "y"], "behaviour": {},
+        "profiles": {"p1": {}, "p2": {}, "p3": {"env": {"GRADSWEEP_FAKE_PROFILE": "p3"}}}}))
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_CALL_LOG", str(log))
+    monkeypatch.setenv("FAKE_CALL_DETAIL", "1")
+    monkeypatch.delenv("GRADSWEEP_FAKE_PROFILE", raising=False)  # `check` sets it in-process (a test before this)
+    res = _run(manifest, jobs=1)
+    assert all(r.status is Status.GREEN for r in res.values()), [r.reason for r in res.values()]
+    calls = [line.split() for line in log.read_text().splitlines()]
+    pid_of = {cid: detail[0] for cid, *detail in calls}
+    shared = [cid for cid, *_ in calls if "/p3/" not in cid]
+    assert shared == ["a/p1/x", "a/p1/y", "a/p2/x", "a/p2/y", "b/p1/x", "b/p1/y", "b/p2/x", "b/p2/y"]
+    assert len({pid_of[c] for c in shared}) == 1  # one worker for p1 and p2
+    assert {pid_of[c] for c in pid_of if "/p3/" in c}.isdisjoint({pid_of[c] for c in shared})
+
+
+def test_a_pool_worker_keeps_one_implementations_reference_run_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Walking an op's cells profile after profile, a worker drops the previous implementation's reference-layout
+    run (GBs of outputs and gradients for a vocabulary-wide op) and keeps the op's shared baselines."""
+    from gradsweep.harness import cell
+
+    ident = ("m.yaml", "m", "lm_head", "cuda")
+    cache = {("base", *ident): "baselines", ("run", *ident, "torch.lm_head"): "stock run",
+             ("run", *ident, "triton.lm_head"): "triton run", ("run", "m.yaml", "m", "other", "cuda", "x"): "kept"}
+    monkeypatch.setattr(cell, "_CACHE", dict(cache))
+    cell._keep_run(ident, "triton.lm_head")
+    assert set(cell._CACHE) == set(cache) - {("run", *ident, "torch.lm_head")}

@@ -1,8 +1,9 @@
 """One cell of a manifest (op x profile x layout): classify it, then let ``judge`` run and compare it.
 
 A worker process calls ``run_cell`` for each of its cells; the op's baselines (FP64 reference, starting
-main grads, stock runs) and each candidate's reference-layout run are cached per process, so a worker
-computes each once.
+main grads, stock runs: the same for every profile) and each candidate's reference-layout run are cached per
+process, so a worker computes each once (the runner hands a worker an op's cells of every profile of its pool
+one after another).
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ def _focus(ident: tuple) -> None:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _keep_run(ident: tuple, impl: str) -> None:
+    """Within one op, keep the reference-layout run of this cell's implementation only: a worker pool walks an
+    op's cells profile after profile (sweep/runner.py), so another implementation's run is done with, and its
+    outputs and gradients (GBs for a vocabulary-wide op) are device memory the next cells need."""
+    for key in [k for k in _CACHE if k[0] == "run" and k[1:-1] == ident and k[-1] != impl]:
+        del _CACHE[key]
 
 
 def clear_cache() -> None:
@@ -112,6 +121,8 @@ def run_cell(manifest: Manifest, key: CellKey, candidate: str | None = None) -> 
 
     def baselines():
         return _cached(("base", *ident), lambda: op_baselines(op, shape, workload, ref_calls, device))
+
+    _keep_run(ident, impl)
 
     def base_run():
         return _cached(("run", *ident, impl), lambda: reference_run(op, cand, shape, workload, ref_calls, device,

@@ -1,7 +1,11 @@
-"""Run cells in isolated worker processes, grouped by profile, with a per-cell timeout.
+"""Run cells in isolated worker processes, grouped by worker pool, with a per-cell timeout.
 
 Each worker gets its profile's environment before Python imports anything, runs cells one at a
-time and streams each result back. A segfault, abort or hang ends only the cell in flight (as
+time and streams each result back. Profiles with the same environment and placement share a pool of
+workers (``worker_pools``): a worker then walks the cells op by op across those profiles, so an op's
+FP64 reference and stock baselines, which do not depend on the profile, are computed once per worker
+instead of once per profile (the release sweep's baselines were most of its first cell per op and
+profile: ~50 s per profile on the H200). A segfault, abort or hang ends only the cell in flight (as
 ``error``, naming the signal or the timeout); a fresh worker carries on with the rest. With several
 GPUs visible, each worker of a GPU profile holds one GPU (see placement.py). Workers die with the
 sweep's parent process, whichever way it ends (see worker.die_with_parent).
@@ -52,9 +56,20 @@ class RunSpec:
     placed: frozenset[str] = frozenset()  # profiles whose workers each hold one GPU of ``gpus``
 
 
+def worker_pools(profiles: list[str], profile_env: dict[str, dict[str, str]],
+                 placed: frozenset[str]) -> dict[str, str]:
+    """profile -> the name of its worker pool: profiles whose workers would start alike (the same environment,
+    both placed on a GPU or neither) share workers. A cell names its profile, so a worker serves any of them."""
+    members: dict[tuple, list[str]] = {}
+    for profile in dict.fromkeys(profiles):
+        env = tuple(sorted(profile_env.get(profile, {}).items()))
+        members.setdefault((profile in placed, env), []).append(profile)
+    return {p: "+".join(group) for group in members.values() for p in group}
+
+
 @dataclass
 class _Worker:
-    profile: str
+    pool: str
     proc: subprocess.Popen[bytes]
     fd: int
     log: IO[bytes]
@@ -124,8 +139,11 @@ class Runner:
         self.spec = spec
         self.on_result = on_result or (lambda _r: None)
         self.pending: dict[str, deque[CellKey]] = {}
-        for key in spec.cells:
-            self.pending.setdefault(key.profile, deque()).append(key)
+        self.pool_of = worker_pools([key.profile for key in spec.cells], spec.profile_env, spec.placed)
+        self.pool_env = {pool: spec.profile_env.get(p, {}) for p, pool in self.pool_of.items()}
+        self.placed_pools = frozenset(pool for p, pool in self.pool_of.items() if p in spec.placed)
+        for key in sorted(spec.cells, key=lambda c: c.id):  # op first: a pool's worker walks an op's cells
+            self.pending.setdefault(self.pool_of[key.profile], deque()).append(key)  # across its profiles
         self.workers: dict[int, _Worker] = {}
         self.start_failures: dict[str, int] = {}
         self.results: list[CellResult] = []
@@ -148,41 +166,41 @@ class Runner:
     def _has_work(self) -> bool:
         return any(self.pending.values()) or any(w.current for w in self.workers.values())
 
-    def _pick_profile(self) -> str | None:
-        """The profile most in need of another worker; an extra worker (each costs a start-up, e.g. a
-        torch import) only when its profile has more than two cells queued per running worker. A placed
-        profile needs a free GPU; while one waits for a GPU, CPU profiles leave the GPUs' share of the
+    def _pick_pool(self) -> str | None:
+        """The pool most in need of another worker; an extra worker (each costs a start-up, e.g. a
+        torch import) only when its pool has more than two cells queued per running worker. A placed
+        pool needs a free GPU; while one waits for a GPU, CPU pools leave the GPUs' share of the
         workers free, so they cannot starve the GPU cells."""
-        counts = {p: sum(1 for w in self.workers.values() if w.profile == p) for p in self.pending}
+        counts = {p: sum(1 for w in self.workers.values() if w.pool == p) for p in self.pending}
         gpu_free = bool(self.slots.free)
-        gpu_waiting = any(q for p, q in self.pending.items() if p in self.spec.placed)
-        unplaced_live = sum(1 for w in self.workers.values() if w.profile not in self.spec.placed)
+        gpu_waiting = any(q for p, q in self.pending.items() if p in self.placed_pools)
+        unplaced_live = sum(1 for w in self.workers.values() if w.pool not in self.placed_pools)
         cpu_room = not gpu_waiting or unplaced_live < max(1, self.spec.jobs - len(self.spec.gpus))
         choices = [p for p, q in self.pending.items() if q and len(q) > 2 * counts[p]
-                   and (gpu_free if p in self.spec.placed else cpu_room)]
+                   and (gpu_free if p in self.placed_pools else cpu_room)]
         if not choices:
             return None
         return max(choices, key=lambda p: (len(self.pending[p]) / (1 + counts[p]), -counts[p]))
 
     def _fill_slots(self) -> None:
         while len(self.workers) < max(1, self.spec.jobs):
-            profile = self._pick_profile()
-            if profile is None:
+            pool = self._pick_pool()
+            if pool is None:
                 return
-            worker = self._spawn(profile)
+            worker = self._spawn(pool)
             self._assign(worker)
 
     def _next_key(self, worker: _Worker, queue: deque[CellKey]) -> CellKey:
         """Keep a worker on one op (its cached baselines are per op), and send a second worker of the same
-        profile to an op nobody is on, so two workers do not compute the same baselines twice."""
-        busy = {w.last_op for w in self.workers.values() if w is not worker and w.profile == worker.profile}
+        pool to an op nobody is on, so two workers do not compute the same baselines twice."""
+        busy = {w.last_op for w in self.workers.values() if w is not worker and w.pool == worker.pool}
         pick = next((k for k in queue if k.op == worker.last_op), None) \
             or next((k for k in queue if k.op not in busy), None) or queue[0]
         queue.remove(pick)
         return pick
 
     def _assign(self, worker: _Worker) -> None:
-        queue = self.pending.get(worker.profile)
+        queue = self.pending.get(worker.pool)
         if not queue:
             self._retire(worker)
             return
@@ -197,8 +215,8 @@ class Runner:
         except (BrokenPipeError, OSError):
             pass  # the worker died; its EOF is handled by _poll
 
-    def _spawn(self, profile: str) -> _Worker:
-        gpu = self.slots.acquire() if profile in self.spec.placed else None
+    def _spawn(self, pool: str) -> _Worker:
+        gpu = self.slots.acquire() if pool in self.placed_pools else None
         read_fd, write_fd = os.pipe()
         log = tempfile.TemporaryFile()
         cmd = [sys.executable, "-m", "gradsweep.sweep.worker", "--manifest", str(self.spec.manifest_path),
@@ -209,11 +227,11 @@ class Runner:
         if self.spec.allow_plugins:
             cmd.append("--allow-plugins")
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write_fd,),
-                                env=_worker_env(self.spec.profile_env.get(profile, {}), gpu),
+                                env=_worker_env(self.pool_env.get(pool, {}), gpu),
                                 start_new_session=True)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
-        worker = _Worker(profile=profile, proc=proc, fd=read_fd, log=log, gpu=gpu)
+        worker = _Worker(pool=pool, proc=proc, fd=read_fd, log=log, gpu=gpu)
         self.workers[read_fd] = worker
         self.sel.register(read_fd, selectors.EVENT_READ, worker)
         return worker
@@ -295,7 +313,7 @@ class Runner:
         event = msg.get("event")
         if event == "ready":
             worker.ready = True
-            self.start_failures[worker.profile] = 0
+            self.start_failures[worker.pool] = 0
         elif event == "start":
             worker.started = time.monotonic()
             worker.deadline = worker.started + self.spec.timeout_s
@@ -307,12 +325,12 @@ class Runner:
             self._record(result)
             self._assign(worker)
         elif event == "fatal":
-            self._fail_profile(worker, str(msg.get("message", "worker could not start")))
+            self._fail_pool(worker, str(msg.get("message", "worker could not start")))
 
-    def _fail_profile(self, worker: _Worker, reason: str) -> None:
-        """The worker cannot start at all: every remaining cell of its profile is an error."""
-        doomed = ([worker.current] if worker.current else []) + list(self.pending.get(worker.profile, []))
-        self.pending[worker.profile] = deque()
+    def _fail_pool(self, worker: _Worker, reason: str) -> None:
+        """The worker cannot start at all: every remaining cell of its pool (its profiles) is an error."""
+        doomed = ([worker.current] if worker.current else []) + list(self.pending.get(worker.pool, []))
+        self.pending[worker.pool] = deque()
         worker.current = None
         self._kill(worker)
         for key in doomed:
@@ -327,12 +345,12 @@ class Runner:
         tail = _log_tail(worker.log)
         reason = _exit_reason(code) + (f"; stderr: {tail}" if tail else "")
         if not worker.ready:
-            self.start_failures[worker.profile] = self.start_failures.get(worker.profile, 0) + 1
-            if self.start_failures[worker.profile] >= MAX_START_FAILURES:
-                self._fail_profile(worker, f"worker could not start: {reason}")
+            self.start_failures[worker.pool] = self.start_failures.get(worker.pool, 0) + 1
+            if self.start_failures[worker.pool] >= MAX_START_FAILURES:
+                self._fail_pool(worker, f"worker could not start: {reason}")
                 return
             # retry the cell in a fresh worker: it never started, so it has not crashed anything yet
-            self.pending[worker.profile].appendleft(key)
+            self.pending[worker.pool].appendleft(key)
             worker.current = None
             self._drop(worker)
             return
