@@ -110,3 +110,19 @@ def test_which_launches_swap() -> None:
     assert not gemm.swaps(33, 4096) and not gemm.swaps(64, 4096)
     assert gemm.swaps(1, 151936) and gemm.swaps(8, 14336)
     assert not gemm.swaps(9, 14336) and not gemm.swaps(16, 151936)
+
+
+def test_one_row_tunes_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """M = 1 (a constant in Triton's specialisation: its own binary) has its own tuning bucket and candidates, so a
+    decode step's best pipeline is chosen on M = 1 itself and never inherited from an M = 16 launch (or vice versa)."""
+    keys = []
+    monkeypatch.setattr(gemm._MM_SWAP, "memo", lambda memo_key, key, *rest, **kw: keys.append(key))
+    w = torch.randn(40, 48).bfloat16()
+    for m in (1, 2, 16, 17):
+        gemm._launch_mm_swapped(torch.randn(m, 48).bfloat16(), w.t(), torch.empty(m, 40).bfloat16(), False)
+    assert [k[0] for k in keys] == [1, 16, 16, 64]
+    assert [gemm.swap_bucket(m) for m in (1, 2, 16, 17, 32)] == [1, 16, 16, 64, 64]
+    one, sixteen = gemm.swap_configs((1,)), gemm.swap_configs((16,))
+    assert one and {str(c) for c in one} != {str(c) for c in sixteen}
+    # a speed choice only: every candidate keeps one K chain (BK blocks in order), none splits K
+    assert all(c.kwargs["BN"] == 16 and c.kwargs["BM"] in (64, 128) for c in one)

@@ -165,14 +165,27 @@ SWAP_LONG_K = 8192
 def swaps(m: int, k: int) -> bool:
     """Whether a Hopper launch of M rows with reduction K runs swapped (see ``SWAP_M``)."""
     return m <= SWAP_M and (m <= 8 or k <= SWAP_LONG_K)
+
+
+def swap_bucket(m: int) -> int:
+    """The swapped launch's tuning bucket of M: 1 (Triton compiles M = 1 as a constant: its own binary, and its
+    best pipeline is deeper), 16 or 64."""
+    return 1 if m == 1 else 16 if m <= 16 else 64
+
+
+# M = 1 tunes apart (bucket 1): on the H200 (notes/triton_gemm_vocab.md, "Twenty-second session", graph replay,
+# scripts/gemm_swap_configs.py) its best bucket-16 shape ran 13.0-13.3 us at N = K = 4096 against cuBLAS's 9.6, the
+# deeper pipelines 11.1 (64, 16, 256, 4, 5) and 11.6 (64, 16, 128, 4, 8); at K = 14336 34.6-35.1 against 40.8;
+# (128, 16, 128, 4, 4) was the fastest at N = 151936 (274 us). M = 16 keeps its list (8.1 us there, 0.86x).
 _SWAP_SHAPES = {  # (BM over N, BN over M, BK, warps, stages) by the bucket of M
+    1: [(64, 16, 256, 4, 5), (64, 16, 128, 4, 8), (128, 16, 128, 4, 4), (64, 16, 256, 4, 3), (128, 16, 64, 8, 5)],
     16: [(64, 16, 128, 4, 4), (64, 16, 256, 4, 3), (128, 16, 128, 4, 4), (64, 16, 64, 4, 6), (128, 16, 64, 8, 5)],
     64: [(64, 32, 128, 4, 4), (64, 64, 64, 4, 4), (128, 32, 128, 8, 4), (64, 16, 128, 4, 4), (128, 64, 64, 8, 4)],
 }
 
 
 def swap_configs(key: tuple) -> list[triton.Config]:
-    """Candidates of the swapped small-M launch (key[0]: the bucket of M, 16 or 64)."""
+    """Candidates of the swapped small-M launch (key[0]: ``swap_bucket``)."""
     return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8}, num_warps=w, num_stages=st)
             for bm, bn, bk, w, st in _SWAP_SHAPES[key[0]]]
 
@@ -347,7 +360,7 @@ def _launch_mm_swapped(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc_
     def args() -> list:
         return [b, a, out, n, m, k, sb[1], sb[0], sa[1], sa[0], so[1], so[0]]
     _MM_SWAP.memo((a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, sa, sb, so, a.dtype, b.dtype, out.dtype),
-                  (16 if m <= 16 else 64, n, k, acc_in, hint, a.dtype, out.dtype, sa[1] == 1, sb[0] == 1), grid,
+                  (swap_bucket(m), n, k, acc_in, hint, a.dtype, out.dtype, sa[1] == 1, sb[0] == 1), grid,
                   args, {"ACC_IN": acc_in, "HINT_N": hint}, scratch=2 if acc_in else None, k_even=k)
     return out
 
