@@ -5,11 +5,11 @@ RoPE forward reads 85% of the copy bandwidth kernels-only in the signed bench (t
 Compute put its default launch (16 tokens a program, 4 warps) at 0.86 waves of programs. An earlier ladder
 (bench/results/rope_half_2026-12-04/configs.txt) timed each configuration by events from an idle device: too noisy
 to rank. Here every configuration (tokens per program, warps, pipelining stages) runs 16384 tokens x 32 heads x 128
-bf16 forward as a CUDA graph of REPLAYS back-to-back launches, each round after 120 ms of back-to-back work (the
-device at its sustained clocks, as the bench's kernels-only rounds), the configurations in turn for ROUNDS rounds,
-next to a device copy of x timed the same way; the BEST fastest then run inverse too. Every output is compared bit
-for bit with the production configuration's (any tiling gives the same bits: the kernel is elementwise per
-token). About 45 compilations and 20 s of timing.
+bf16 forward as a CUDA graph of back-to-back launches (``gemm_tile_probe.graph_time_us``), each round after 120 ms
+of back-to-back work (the device at its sustained clocks, as the bench's kernels-only rounds), the configurations
+in turn for ROUNDS rounds, next to a device copy of x timed the same way; the BEST fastest then run inverse too.
+Every output is compared bit for bit with the production configuration's (any tiling gives the same bits: the
+kernel is elementwise per token). About 45 compilations and 20 s of timing.
 
     python3 scripts/rope_configs.py [OUT.json]
 """
@@ -24,12 +24,13 @@ import sys
 import torch
 
 from gradsweep.triton_kernels import rope as R
+from scripts.gemm_tile_probe import graph_time_us
 
-TOKENS, HEADS, HEAD_DIM = 16384, 32, 128
+TOKENS, HEADS, HEAD_DIM, THETA = 16384, 32, 128, 1e6
 TOKS = (2, 4, 8, 16, 32)
 WARPS = (2, 4, 8)
 STAGES = (1, 2, 3)
-REPLAYS, ROUNDS, BEST = 20, 3, 5
+ROUNDS, BEST = 3, 5
 
 
 def launch(x: torch.Tensor, pos: torch.Tensor, y: torch.Tensor, tok: int, warps: int, stages: int,
@@ -37,7 +38,7 @@ def launch(x: torch.Tensor, pos: torch.Tensor, y: torch.Tensor, tok: int, warps:
     """``rope_apply``'s launch with one configuration (the same arguments, another tiling)."""
     half = x.shape[2] // 2
     bf = R.pow2(half)
-    coef = -math.log2(1e6) / half
+    coef = -math.log2(THETA) / half
     grid = (R.cdiv(x.shape[0], tok),)
     R._rope_kernel[grid](x, pos, y, x.shape[0], half, coef, NH=x.shape[1], TOK=tok, BF=bf, INVERSE=inverse,
                          STAGES=stages, num_warps=warps)
@@ -55,36 +56,16 @@ def heat(fn) -> None:
             return
 
 
-def graph_ms(fn) -> float:
-    """ms per call: the median of 5 replays of a graph of REPLAYS back-to-back calls."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPLAYS):
-            fn()
-    g.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / REPLAYS)
-    return statistics.median(times)
-
-
 def ladder(keys: list[tuple], x, pos, y, copy_dst) -> tuple[float, dict[tuple, list[float]]]:
-    """(copy ms, ms per call of every (inverse, tok, warps, stages) key), ROUNDS rounds in turn, each heated."""
+    """(copy us, us per call of every (inverse, tok, warps, stages) key), ROUNDS rounds in turn, each heated."""
     copy: list[float] = []
     times: dict[tuple, list[float]] = {k: [] for k in keys}
     for _ in range(ROUNDS):
         heat(lambda: copy_dst.copy_(x))
-        copy.append(graph_ms(lambda: copy_dst.copy_(x)))
+        copy.append(graph_time_us(lambda: copy_dst.copy_(x)))
         for key in keys:
             inv, *cfg = key
-            times[key].append(graph_ms(lambda c=tuple(cfg), i=inv: launch(x, pos, y, *c, i)))
+            times[key].append(graph_time_us(lambda c=tuple(cfg), i=inv: launch(x, pos, y, *c, i)))
     return statistics.median(copy), times
 
 
@@ -96,7 +77,7 @@ def main(path: str | None) -> None:
     copy_dst = torch.empty_like(x)
     tok0, _, warps0 = R._config(HEAD_DIM // 2)
     print(f"production config: TOK {tok0}, warps {warps0}, stages {R.STAGES}", flush=True)
-    refs = {inv: R.rope_apply(x, pos, 1e6, inverse=inv).view(torch.int16) for inv in (False, True)}
+    refs = {inv: R.rope_apply(x, pos, THETA, inverse=inv).view(torch.int16) for inv in (False, True)}
     configs = [(t, w, s) for t in TOKS for w in WARPS for s in STAGES if t * 64 >= 32 * w]  # >= one element a thread
     bits: dict[tuple, bool] = {}
 
@@ -121,19 +102,19 @@ def main(path: str | None) -> None:
     inverse = check([(True, *k[1:]) for k in best] + ([(True, *prod[1:])] if prod not in best else []))
     c_inv, t_inv = ladder(inverse, x, pos, y, copy_dst)
     times.update(t_inv)
-    print(f"copy of x: {c * 1e3:.1f} us ({2 * x.numel() * 2 / c / 1e6:.0f} GB/s); in the inverse ladder "
-          f"{c_inv * 1e3:.1f} us", flush=True)
+    print(f"copy of x: {c:.1f} us ({2 * x.numel() * 2 / c / 1e3:.0f} GB/s); in the inverse ladder {c_inv:.1f} us",
+          flush=True)
     rows = []
     for key, ts in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
         inv, tok, w, s = key
         med = statistics.median(ts)
-        print(f"inverse={inv!s:5} TOK {tok:2d} warps {w} stages {s}: {med * 1e3:7.1f} us, {c / med:6.1%} of the copy, "
+        print(f"inverse={inv!s:5} TOK {tok:2d} warps {w} stages {s}: {med:7.1f} us, {c / med:6.1%} of the copy, "
               f"bits {'equal' if bits[key] else 'DIFFER'}", flush=True)
-        rows.append({"inverse": inv, "tok": tok, "warps": w, "stages": s, "us": [round(t * 1e3, 2) for t in ts],
+        rows.append({"inverse": inv, "tok": tok, "warps": w, "stages": s, "us": [round(t, 2) for t in ts],
                      "copy_fraction": round(c / med, 4), "bits_equal": bits[key]})
     if path:
         with open(path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_us": round(c * 1e3, 2), "rows": rows}, f,
+            json.dump({"device": torch.cuda.get_device_name(), "copy_us": round(c, 2), "rows": rows}, f,
                       indent=1)
 
 
