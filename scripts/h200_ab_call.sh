@@ -11,6 +11,7 @@
 # The base tree is the device copy's HEAD (the last landed commit; `git stash` reaches it) for the host figures
 # that need a before / after (the fold plan); the kernel A/Bs switch inside one process.
 set -uo pipefail
+t_start=$(date +%s); deadline=${DEADLINE:-560}  # the call's own limit is 600 s: stop in time to pack
 state=${1:?STATE}; out=${2:?OUT}
 mkdir -p "$out"
 res=$(mktemp -d)
@@ -23,6 +24,7 @@ tcache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 so=$(ls "$state"/_C.cpython-*.so 2>/dev/null | head -1)
 [ -n "$so" ] || { echo "no extension in $state" | tee "$out/summary.txt"; exit 2; }
 cp "$so" gradsweep/
+for plan in "$state"/_fold_plan.cpython-*.so; do [ -f "$plan" ] && cp "$plan" gradsweep/; done
 { echo "extension $(basename "$so") $(sha256sum "$so" | cut -c1-12)"; git log -1 --format='HEAD %h %s'
   git diff --stat | tail -1; nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv,noheader
 } > "$res/context.txt" 2>&1
@@ -30,6 +32,9 @@ cp "$so" gradsweep/
 step() {  # step NAME SECONDS CMD...: output to NAME.txt, exit code and time to the summary, results packed
   local name=$1 limit=$2; shift 2
   local t0; t0=$(date +%s)
+  local left=$(( deadline - (t0 - t_start) - 10 ))
+  if [ "$left" -lt 20 ]; then echo "$name skipped: the call's deadline" | tee -a "$res/summary.txt"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
   timeout -k 10 "$limit" "$@" > "$res/$name.txt" 2>&1
   echo "$name rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$res/summary.txt"
   cp "$res/summary.txt" "$out/summary.txt"
@@ -41,11 +46,13 @@ step fold_test 240 python3 -m pytest -q -m gpu tests/test_cuda_ops.py -k hopper_
 step fold_probe 150 python3 scripts/fold_schedule_probe.py "$res/fold.json"
 # 2. the Triton RoPE launch ladder by graph replay (issue 4's 90% of copy)
 step rope 200 python3 scripts/rope_configs.py "$res/rope.json"
-# 3. host figures: the fold plan and the rms_norm step with the one-upload patch, then on the base tree
+# 3. host figures: the fold plan and the rms_norm step with the compiled planner and the one upload, then on
+#    the base tree
 step host_new 90 python3 scripts/host_probe.py "$res/host_new" --op rms_norm --case bwd --fold-plan
-if git stash -q; then
+g() { git -c user.name=ab -c user.email=ab@localhost "$@"; }  # a stash is a commit: it needs an identity
+if g stash -q; then
   step host_base 90 python3 scripts/host_probe.py "$res/host_base" --op rms_norm --case bwd --fold-plan
-  git stash pop -q
+  g stash pop -q || echo "stash pop failed: the tree is the base tree from here" | tee -a "$res/summary.txt"
 fi
 # 4. where the device thread's backward time goes (Triton dW at T = 4096: host-bound on the worker thread only)
 step backward_thread 150 python3 scripts/backward_thread_probe.py "$res/backward_thread" --op det_gemm \

@@ -2,7 +2,8 @@
 # The release closeout on a Hopper box, spread over as many device calls (each at most 10 minutes, at most 8
 # files back) as it needs. Each call picks up where the last one stopped, from the STATE folder that the last
 # call's OUT/state.tar.gz unpacks to (empty or missing on the first call):
-#   1. the extension: the .so built by the first call is carried on (resuming a sweep needs the same bytes);
+#   1. the extension: the .so built by the first call is carried on (resuming a sweep needs the same bytes), with
+#      the compiled fold planner (_fold_plan) where the tree builds one;
 #   2. the release sweep of manifests/h200.yaml (one worker per visible GPU), resumed from its partial log;
 #      once complete: verify and render it;
 #   3. in the order given, `gradsweep bench` for each --bench-ops group not yet done and, where --drift stands,
@@ -66,6 +67,9 @@ fi
 so=$(ls "$state"/_C.cpython-*.so 2>/dev/null | head -1)
 if [ -n "$so" ]; then
   cp "$so" gradsweep/ && note "extension carried: $(basename "$so") $(sha256sum "$so" | cut -c1-12)"
+  for plan in "$state"/_fold_plan.cpython-*.so; do  # the compiled fold planner, where the tree has one
+    [ -f "$plan" ] && cp "$plan" gradsweep/ && note "fold planner carried: $(basename "$plan")"
+  done
 else
   t0=$(date +%s)
   { nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
@@ -73,6 +77,7 @@ else
     python3 setup.py build_ext --inplace; } > "$logs/build.log" 2>&1
   note "build rc=$? in $(( $(date +%s) - t0 )) s"
   cp gradsweep/_C.cpython-*.so "$new"/
+  cp gradsweep/_fold_plan.cpython-*.so "$new"/ 2>/dev/null
 fi
 
 # 2. the release sweep: one process, or --sweep-shards N shard processes run one after another (each resumes from
