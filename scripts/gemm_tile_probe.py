@@ -42,6 +42,19 @@ def graph_time_us(fn) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def heat(fn, ms: float = 120.0) -> None:
+    """``fn`` back to back for ``ms`` of device time: the clocks the device holds under sustained load (a round
+    timed from an idle device reads a boosted one)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        fn()
+        end.record()
+        end.synchronize()
+        if start.elapsed_time(end) > ms:
+            return
+
+
 def run(path: str, family: str = "cuda") -> None:
     if family == "triton":
         from gradsweep.triton_kernels.gemm import matmul_invariant
