@@ -1,4 +1,9 @@
-"""Build of gradsweep._C: csrc/*.cu with nvcc, csrc/*.cpp and the link with the host compiler.
+"""Build of gradsweep._C (csrc/*.cu with nvcc, csrc/*.cpp and the link with the host compiler) and of
+gradsweep._fold_plan (csrc/host/fold_plan.cpp: the canonical fold's host planner, host compiler only).
+
+The fold planner needs no CUDA: it is built wherever a C++ compiler is (every box that builds _C, and CPU boxes
+without nvcc), and skipped with a warning where it fails, never failing the install (gradsweep/canonical.py
+then plans in numpy: the same plans, tests/test_fold_plan_native.py).
 
 Why not torch.utils.cpp_extension: the CPU machines and CI run a CPU-only torch that cannot link CUDA,
 so the module is a plain pybind11 extension taking raw device pointers, with the CUDA runtime linked
@@ -38,6 +43,8 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 EXT_NAME = "gradsweep._C"
+PLAN_EXT_NAME = "gradsweep._fold_plan"
+PLAN_SOURCE = "csrc/host/fold_plan.cpp"
 NVCC_FLAGS = [
     "-O3", "-std=c++17", "-fmad=false", "--expt-relaxed-constexpr",
     "-gencode=arch=compute_90a,code=sm_90a",
@@ -114,9 +121,12 @@ class NvccBuildExt(build_ext):
             warnings.warn(f"gradsweep: skipping the CUDA extension {EXT_NAME}: {reason}; "
                           "the cuda_bf16 profile will report itself blocked", stacklevel=1)
             print(f"WARNING: gradsweep: skipping {EXT_NAME}: {reason}", file=sys.stderr)
-            self.extensions = []
+            self.extensions = [e for e in self.extensions if e.name != EXT_NAME]
 
     def build_extension(self, ext: Extension) -> None:
+        if ext.name == PLAN_EXT_NAME:
+            self._build_host(ext)
+            return
         try:
             self._build(ext)
         except Exception as exc:  # a broken CUDA build must not break the install
@@ -125,6 +135,19 @@ class NvccBuildExt(build_ext):
             warnings.warn(f"gradsweep: building {EXT_NAME} failed, skipping it: {exc}", stacklevel=1)
             print(f"WARNING: gradsweep: building {EXT_NAME} failed, skipping it "
                   f"(GRADSWEEP_REQUIRE_CUDA=1 makes this fatal): {exc}", file=sys.stderr)
+
+    def _build_host(self, ext: Extension) -> None:
+        """The fold planner with the host compiler (setuptools' own build); a failure warns and skips it."""
+        try:
+            import pybind11
+
+            ext.include_dirs = [pybind11.get_include(), *ext.include_dirs]
+            ext.extra_compile_args = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall"]
+            ext.language = "c++"
+            super().build_extension(ext)
+        except Exception as exc:  # the numpy planner gives the same plans: never fail the install for this
+            warnings.warn(f"gradsweep: building {PLAN_EXT_NAME} failed, planning in numpy: {exc}", stacklevel=1)
+            print(f"WARNING: gradsweep: building {PLAN_EXT_NAME} failed (planning in numpy): {exc}", file=sys.stderr)
 
     def _build(self, ext: Extension) -> None:
         nvcc = find_nvcc()
@@ -183,13 +206,14 @@ class NvccBuildExt(build_ext):
 
 
 def extensions() -> list[Extension]:
-    """gradsweep._C from every source of csrc/ (sorted: a stable build)."""
+    """gradsweep._C from every source of csrc/ (sorted: a stable build), and the fold planner of csrc/host/."""
+    out = [Extension(PLAN_EXT_NAME, sources=[PLAN_SOURCE], optional=True)] if (ROOT / PLAN_SOURCE).is_file() else []
     sources = sorted(str(p.relative_to(ROOT)) for p in CSRC.glob("*.cu"))
     sources += sorted(str(p.relative_to(ROOT)) for p in CSRC.glob("*.cpp"))
     if not sources:
-        return []
+        return out
     depends = sorted(str(p.relative_to(ROOT)) for p in CSRC.glob("*.*h"))
-    return [Extension(EXT_NAME, sources=sources, optional=True, depends=depends)]
+    return [Extension(EXT_NAME, sources=sources, optional=True, depends=depends), *out]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": NvccBuildExt})

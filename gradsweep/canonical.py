@@ -21,6 +21,11 @@ this call holds all its rows (one ``(row0, count)`` descriptor, read in place), 
 rows are copied, in slot order, into a staging block of the fold (carried rows wait there too).
 ``take_tiles`` hands kernels these descriptors; ``take`` still gives the row-index table of before.
 
+Where ``gradsweep._fold_plan`` was built (csrc/host/fold_plan.cpp, the host compiler only), a call's planning, a
+step's layout and a packed call's runs run there in one pass; elsewhere in numpy. Both give the same values in
+the same order (tests/test_fold_plan_native.py): numpy's per-operation cost on ~100-element arrays was most of a
+cold call's host time (issue 13).
+
 Kernel-side infrastructure: kernels and their autograd Functions import this; it imports no
 harness code. Launch a step's kernels before the fold's next take (staging blocks are reused then).
 """
@@ -35,7 +40,12 @@ from functools import cached_property, lru_cache
 import numpy as np
 import torch
 
-from gradsweep.uploads import upload
+from gradsweep.uploads import upload, upload_parts
+
+try:  # the compiled planner (csrc/host/fold_plan.cpp): the numpy path's plans, without numpy's per-call cost
+    from gradsweep import _fold_plan as _native_plan
+except ImportError:  # no C++ compiler at install: the numpy path (the same plans)
+    _native_plan = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +201,13 @@ def _packed_runs_small(lengths, sample_ids, starts) -> RowIdentity | None:
         return None
     if len(ids) != count or len(firsts) != count:
         raise ValueError("RowIdentity.packed: lengths, sample_ids and starts must have equal lengths")
+    if _native_plan is not None:
+        try:
+            got = _native_plan.packed_runs(lengths, () if sample_ids is None else ids, () if starts is None else firsts)
+        except TypeError:  # a value the compiled path does not take as an int (a float, say): the Python loop
+            pass
+        else:
+            return None if got is None else _packed_rows(*got)
     out_s: list[int] = []
     out_p: list[int] = []
     out_r: list[int] = []
@@ -212,10 +229,15 @@ def _packed_runs_small(lengths, sample_ids, starts) -> RowIdentity | None:
             out_r.append(row)
             out_n.append(length)
         row += length
-    table = np.array((out_s, out_p, out_r, out_n), dtype=np.int64)  # one array: its rows are the runs' fields
+    return _packed_rows(np.array((out_s, out_p, out_r, out_n), dtype=np.int64), row)
+
+
+def _packed_rows(table: np.ndarray, rows: int) -> RowIdentity:
+    """Rows of packed runs given as one [4, runs] int64 table (sample, pos0, row0, length: its rows are the runs'
+    fields) covering ``rows`` rows with no pad row."""
     runs = Runs(*table)
-    runs.__dict__.update(total=row, key=table.tobytes())  # the cached_properties' slots (no pad rows here)
-    return _RunRows(row, runs)
+    runs.__dict__.update(total=rows, key=table.tobytes())  # the cached_properties' slots (no pad rows here)
+    return _RunRows(rows, runs)
 
 
 class _RunRows(RowIdentity):
@@ -318,6 +340,14 @@ class _Layout:
     """
 
     def __init__(self, lengths: np.ndarray, tile: int) -> None:
+        if _native_plan is not None:  # every array in one pass (the per-tile ones too: O(tiles) in C++ is cheap)
+            (tiles_per_sample, self.total_tiles, slot_base, slot_end, lo, hi, self.nonempty, tile_first,
+             expected) = _native_plan.layout(lengths, tile)  # (refuses a negative length as below)
+            self.lengths, self.tile = _frozen(lengths), tile
+            self.tiles_per_sample = _frozen(tiles_per_sample)
+            self.slot_base, self.slot_end, self.lo, self.hi = map(_frozen, (slot_base, slot_end, lo, hi))
+            self.__dict__.update(tile_first=_frozen(tile_first), expected=_frozen(expected))  # the cached slots
+            return
         if np.count_nonzero(lengths < 0):
             raise ValueError("CanonicalFold: sample lengths must be >= 0")
         self.lengths, self.tile = _frozen(lengths), tile
@@ -336,6 +366,11 @@ class _Layout:
         return _frozen(np.arange(0, self.total_tiles * self.tile, self.tile, dtype=np.int64))
 
     @cached_property
+    def received_all(self) -> tuple[np.ndarray, np.ndarray]:
+        """The received slots once every tile is: one interval (a whole step's state after its call)."""
+        return _frozen(np.zeros(1, dtype=np.int64)), _frozen(np.full(1, self.total_tiles * self.tile, dtype=np.int64))
+
+    @cached_property
     def expected(self) -> np.ndarray:
         last = self.slot_end.repeat(self.tiles_per_sample)  # the end of each tile's sample
         return _frozen(np.minimum(last - self.tile_first, self.tile))
@@ -344,6 +379,10 @@ class _Layout:
         """Closed form of the commonest step, one call holding every sample whole (a packed batch, in any sample
         order, any row order): row0 of every tile, all read in place; None for any other call. Equal to what
         registering the runs and describing the tiles gives (tests/test_canonical_plan_speed_equivalence.py)."""
+        if _native_plan is not None:
+            return _native_plan.whole_step(runs.sample, runs.pos0, runs.row0, runs.length, self.lengths,
+                                           self.slot_base, self.tiles_per_sample, self.tile, self.total_tiles,
+                                           self.nonempty)
         s = runs.sample
         if len(s) != self.nonempty or not self.total_tiles or np.count_nonzero(runs.pos0):
             return None
@@ -601,6 +640,17 @@ class CanonicalFold:
                        piece_row: np.ndarray, piece_len: np.ndarray) -> tuple | None:
         """Copy the pieces' rows into their tiles' staging blocks (a block per tile, allocated on first use);
         return the copy as ``_stage_copy`` describes it (None: nothing copied)."""
+        pieces = self._stage_pieces(tensors, piece_tile, piece_lo, piece_row, piece_len)
+        if pieces is None:
+            return None
+        copy = _stage_copy(*pieces, tensors[0].device)
+        _run_stage_copy(self._backing, tensors, copy)
+        return copy
+
+    def _stage_pieces(self, tensors: tuple[torch.Tensor, ...], piece_tile: np.ndarray, piece_lo: np.ndarray,
+                      piece_row: np.ndarray, piece_len: np.ndarray) -> tuple | None:
+        """Give the pieces' tiles their staging blocks (allocated on first use); return the copy to make as (source
+        rows, staging rows, lengths) of the pieces (None: nothing to copy)."""
         if not len(piece_tile) or not tensors:
             return None
         tiles = _sorted_unique(piece_tile)
@@ -611,9 +661,7 @@ class CanonicalFold:
         self._block_of_tile[fresh] = self._free[:len(fresh)]  # lowest blocks first
         del self._free[:len(fresh)]
         dst0 = (self._block_of_tile[piece_tile] - piece_tile) * self.tile + piece_lo  # block * tile + lo % tile
-        copy = _stage_copy(piece_row, dst0, piece_len, tensors[0].device)
-        _run_stage_copy(self._backing, tensors, copy)
-        return copy
+        return piece_row, dst0, piece_len
 
     # ------------------------------------------------------------------------------------------------- takes
     def _check_tensors(self, rows: RowIdentity, tensors: tuple[torch.Tensor, ...]) -> None:
@@ -676,22 +724,57 @@ class CanonicalFold:
             whole = self._layout.whole_step(runs)
             if whole is not None:
                 return self._take_whole_step(whole, runs, tensors, key, device)
-        desc, stage_rows, in_place, copy = self._plan_tiles(runs, tensors)
+        desc_dev, desc, stage_rows, in_place, copy = self._plan_tiles(runs, tensors, device)
         stage = self._staging() if stage_rows else tensors
-        step = TileStep(upload(desc, device), _frozen(desc), stage, stage_rows, c0, tile, in_place)
+        step = TileStep(desc_dev, _frozen(desc), stage, stage_rows, c0, tile, in_place)
         if in_place == runs.total and key is not None:  # nothing staged, carried or waiting: keyed by the state
             self._remember(key, (step.desc, desc, in_place))
         else:
             self._remember_staged(seq, copy, (step.desc, desc, stage_rows, in_place))
         return step
 
-    def _plan_tiles(self, runs: Runs, tensors: tuple[torch.Tensor, ...]) -> tuple[np.ndarray, int, int, tuple | None]:
+    def _plan_tiles(self, runs: Runs, tensors: tuple[torch.Tensor, ...],
+                    device: torch.device) -> tuple[torch.Tensor, np.ndarray, int, int, tuple | None]:
         """Register the call, stage its rows that no ready tile reads in place, release the ready tiles; return
-        their descriptors, the staging rows they read, the rows read in place and the staging copy.
+        their descriptors (on ``device`` and on the host), the staging rows they read, the rows read in place and
+        the staging copy. The staging copy's row index and the descriptors go to the device in one upload
+        (``upload_parts``: a pinned copy costs ~25 us of host on the H200, and a staged call needed two).
 
         A ready tile is direct when one piece (a run cut at tile boundaries) holds all its real rows: then nothing
         of it can have come from another call (that would be a duplicate). Every other piece is staged: its tile
-        is split between runs or calls, or not ready."""
+        is split between runs or calls, or not ready. Planned by the compiled planner where it was built (one pass
+        in C++, csrc/host/fold_plan.cpp), else in numpy (``_plan_host``): the same values in the same order
+        (tests/test_fold_plan_native.py). The staging allocation, copy and uploads are torch's either way."""
+        if _native_plan is None:
+            desc, stage_rows, in_place, staged = self._plan_host(runs, tensors)
+        else:
+            desc, stage_rows, in_place, staged = self._planned(False, runs, tensors)
+        if staged is not None and staged[0] == "index":  # the staging index and the descriptors in one copy
+            index, desc_dev = upload_parts((staged[1], desc), device)
+            copy = ("index", index)
+        else:  # nothing staged, or one slice (no index to upload)
+            copy, desc_dev = staged, upload(desc, device)
+        if copy is not None:
+            _run_stage_copy(self._backing, tensors, copy)
+        return desc_dev, desc, stage_rows, in_place, copy
+
+    def _planned(self, table: bool, runs: Runs, tensors: tuple[torch.Tensor, ...]) -> tuple:
+        """One call through the compiled planner (``take``'s row table, else ``take_tiles``' descriptors): the fold's
+        new state taken from it (the staging grown to the capacity it asked for first, while the cursor still says
+        which tiles are left), its plan returned. The block table is updated in place by the planner."""
+        lo, hi, cursor, free, cap, plan = _native_plan.plan_call(
+            table, runs.sample, runs.pos0, runs.row0, runs.length, self._slot_base, self._slot_end,
+            self._layout.expected, self.tile, self.total_tiles, self._lo, self._hi, self.cursor, self._block_of_tile,
+            self._free, self._stage_blocks, bool(tensors))
+        if cap > self._stage_blocks:
+            self._grow_stage(tensors, cap)
+        self._lo, self._hi, self.cursor, self._free = lo, hi, cursor, free
+        return plan
+
+    def _plan_host(self, runs: Runs, tensors: tuple[torch.Tensor, ...]) -> tuple[np.ndarray, int, int, tuple | None]:
+        """The numpy planner (the compiled one's reference): the call registered, its staged rows given blocks,
+        the ready tiles released; (descriptors, staging rows, rows read in place, the copy as ``("slice", dst,
+        src, rows)`` or ``("index", [2, rows] host index)``, or None)."""
         c0 = self.cursor
         slot0, slot1 = self._register(runs)
         row0 = runs.row0
@@ -702,18 +785,20 @@ class CanonicalFold:
         pieces = self._pieces(slot0, slot1, row0)
         tile_of, _, row, length = pieces
         direct = (tile_of < c1) & (length == self._layout.expected[tile_of])
-        copy = self._copy_to_stage(tensors, *pieces[:, ~direct])
+        staged = self._stage_pieces(tensors, *pieces[:, ~direct])
         if c1 == c0:
-            return np.empty((0, 2), dtype=np.int32), 0, 0, copy
-        blocks = self._release(c0, c1)
-        first = blocks * -self.tile - 1  # a split tile reads its staging block (rows -first-1 ..)
-        d = direct.nonzero()[0]
-        first[tile_of[d] - c0] = row[d]
-        desc = np.empty((c1 - c0, 2), dtype=np.int32)
-        desc[:, 0] = first
-        desc[:, 1] = self._layout.expected[c0:c1]
-        stage_rows = (int(blocks.max()) + 1) * self.tile  # (0 when no ready tile is staged: blocks are -1)
-        return desc, stage_rows, int(length[d].sum()), copy
+            desc, stage_rows, in_place = np.empty((0, 2), dtype=np.int32), 0, 0
+        else:
+            blocks = self._release(c0, c1)
+            first = blocks * -self.tile - 1  # a split tile reads its staging block (rows -first-1 ..)
+            d = direct.nonzero()[0]
+            first[tile_of[d] - c0] = row[d]
+            desc = np.empty((c1 - c0, 2), dtype=np.int32)
+            desc[:, 0] = first
+            desc[:, 1] = self._layout.expected[c0:c1]
+            stage_rows = (int(blocks.max()) + 1) * self.tile  # (0 when no ready tile is staged: blocks are -1)
+            in_place = int(length[d].sum())
+        return desc, stage_rows, in_place, None if staged is None else _host_copy(*staged)
 
     def _take_whole_step(self, row0: np.ndarray, runs: Runs, tensors: tuple[torch.Tensor, ...], key: tuple | None,
                          device: torch.device) -> TileStep:
@@ -722,7 +807,7 @@ class CanonicalFold:
         desc = np.empty((layout.total_tiles, 2), dtype=np.int32)
         desc[:, 0] = row0
         desc[:, 1] = layout.expected
-        self._lo, self._hi = np.zeros(1, dtype=np.int64), np.full(1, layout.total_tiles * self.tile, dtype=np.int64)
+        self._lo, self._hi = layout.received_all
         self.cursor = layout.total_tiles
         step = TileStep(upload(desc, device), _frozen(desc), tensors, 0, 0, self.tile, runs.total)
         self._remember(key, (step.desc, desc, runs.total))
@@ -748,6 +833,26 @@ class CanonicalFold:
         if hit is not None:
             plan, n_stage = hit
             return FoldStep(plan, self._with_stage(tensors, n_stage), c0)
+        if _native_plan is None:
+            plan, n_stage, copy, all_ready = self._plan_table_host(runs, tensors)
+        else:  # the compiled planner (see ``_plan_tiles``): the same table, the same uploads in the same order
+            plan, n_stage, staged, all_ready = self._planned(True, runs, tensors)
+            copy = None if staged is None else _on_device(staged, device)
+            if copy is not None:
+                _run_stage_copy(self._backing, tensors, copy)
+        step = FoldStep(upload(plan, device), self._with_stage(tensors, n_stage), c0)
+        if all_ready and not n_stage and key is not None:  # nothing staged, carried or read from staging
+            self._remember(key, step.plan)
+        else:
+            self._remember_staged(seq, copy, (step.plan, n_stage))
+        return step
+
+    def _plan_table_host(self, runs: Runs,
+                         tensors: tuple[torch.Tensor, ...]) -> tuple[np.ndarray, int, tuple | None, bool]:
+        """``take``'s numpy planner (the compiled one's reference): the call registered, the rows of tiles that stay
+        incomplete staged (copied), the ready tiles released; (their int32 row table, the staging rows it reads
+        first, the copy, whether every piece was ready)."""
+        c0 = self.cursor
         slot0, slot1 = self._register(runs)
         c1, tile = self._advance(), self.tile
         n_ready = c1 - c0
@@ -764,12 +869,7 @@ class CanonicalFold:
         plan.reshape(-1)[np.repeat(piece_lo[ready] - c0 * tile, piece_len[ready]) + rel] = (
             n_stage + np.repeat(piece_row[ready], piece_len[ready]) + rel)
         plan[j[None, :] >= self.expected_rows(c0, n_ready)[:, None]] = -1
-        step = FoldStep(upload(plan.astype(np.int32), device), self._with_stage(tensors, n_stage), c0)
-        if ready.all() and not n_stage and key is not None:  # nothing staged, carried or read from staging
-            self._remember(key, step.plan)
-        else:
-            self._remember_staged(seq, copy, (step.plan, n_stage))
-        return step
+        return plan.astype(np.int32), n_stage, copy, bool(ready.all())
 
     def _with_stage(self, tensors: tuple[torch.Tensor, ...], n_stage: int) -> tuple[torch.Tensor, ...]:
         """The row tensors of a ``take`` step: the first ``n_stage`` staging rows, then the call's rows."""
@@ -801,9 +901,19 @@ def _stage_copy(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray, device: 
     tensor): ``("slice", dst, src, rows)`` for one piece, else ``("index", [2, rows] index on the device)``, one
     upload for every tensor. (Measured on the H200 host: slice copies of a chunked call's ~25 stretches through
     ``torch._foreach_copy_`` cost 2x the index path, the slicing itself being ~2 us per view.)"""
+    return _on_device(_host_copy(src0, dst0, length), device)
+
+
+def _host_copy(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray) -> tuple:
+    """``_stage_copy`` with its index still on the host (the compiled planner returns this form too)."""
     if len(length) == 1:  # one slice: no index upload
         return ("slice", int(dst0[0]), int(src0[0]), int(length[0]))
-    return ("index", upload(_piece_rows(src0, dst0, length), device))
+    return ("index", _piece_rows(src0, dst0, length))
+
+
+def _on_device(copy: tuple, device: torch.device) -> tuple:
+    """A host-form copy (``_host_copy``) with its index uploaded."""
+    return copy if copy[0] == "slice" else ("index", upload(copy[1], device))
 
 
 def _run_stage_copy(stage: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...], copy: tuple) -> None:

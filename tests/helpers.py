@@ -90,14 +90,19 @@ def check_attention_cache_refusals(attn, q, k, v) -> None:
 def seeing_fold_uploads(see: Callable[[np.ndarray], None]) -> Iterator[None]:
     """Every host array the canonical fold uploads (staging copy indices, descriptors, row tables), shown to
     ``see`` in upload order while the block runs (the fold's plan tests pin or hash them)."""
-    real = canonical.upload
+    real, real_parts = canonical.upload, canonical.upload_parts
 
     def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
         see(np.array(a))
         return real(a, device)
 
-    canonical.upload = upload
+    def upload_parts(parts, device: torch.device) -> list[torch.Tensor]:
+        for a in parts:  # one pinned copy on a GPU, but every array is shown, in order
+            see(np.array(a))
+        return real_parts(parts, device)
+
+    canonical.upload, canonical.upload_parts = upload, upload_parts
     try:
         yield
     finally:
-        canonical.upload = real
+        canonical.upload, canonical.upload_parts = real, real_parts
