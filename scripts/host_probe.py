@@ -15,6 +15,11 @@ allocation retries: a ``cudaFree`` waits for the device; pinned host blocks allo
 synchronising call that torch's sync-debug mode reports with the Python frames that made it: a step whose issue
 time is near host + device rather than max(host, device) waits for the device somewhere, and this says where.
 
+Every fold-plan block also prints which planner ran (compiled ``gradsweep._fold_plan`` or numpy) and the host's
+speed at that moment (the bench's own Python-loop ceiling, ``ceilings._python_loop``), since the lent host's speed
+moves ~2x within one device call; with ops given, the fold-plan cases run again after them, in the same process
+(after, say, a linear_logp step at T = 16384: a large allocator pool and Python heap).
+
 cProfile sees the calling thread only: a backward that the autograd engine runs on its device thread shows up
 inside ``run_backward`` as one opaque entry, unless ``--backward-on-caller`` (the engine then runs backwards on
 the calling thread while profiling: the Python backwards, fold planning included, show up by name).
@@ -33,7 +38,9 @@ from pathlib import Path
 
 import torch
 
+from gradsweep import canonical
 from gradsweep.bench.catalog import fold_plan
+from gradsweep.bench.ceilings import PYTHON_LOOP, _python_loop
 from gradsweep.bench.timing import CudaTimer, Entry
 from scripts.probe_cases import case_steps, log_to, probe_parser
 
@@ -49,6 +56,28 @@ def host_us(step: Callable[[], object], calls: int, n: int) -> tuple[float, floa
     host = (time.perf_counter() - t0) / n / calls * 1e6
     torch.cuda.synchronize()
     return host, (time.perf_counter() - t0) / n / calls * 1e6
+
+
+def python_loop_us(rounds: int = 200) -> float:
+    """The bench's Python-loop ceiling at this moment (median of ``rounds`` loops, us per loop)."""
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        _python_loop()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] * 1e6
+
+
+def fold_plan_block(say: Callable[[str], None], device: torch.device, steps: int, when: str) -> None:
+    """The fold_plan cases' host time per call, with the planner that ran and the host's speed around them."""
+    planner = "compiled (gradsweep._fold_plan)" if canonical._native_plan is not None else "numpy"
+    say(f"fold_plan, {when}: planner {planner}; Python loop ({PYTHON_LOOP} iterations) {python_loop_us():.1f} us")
+    for case in fold_plan.cases(False):
+        subject = fold_plan.PlanSubject(case, None, {}, device, 0)
+        fn, calls = subject.host_step("host")
+        h, d = host_us(fn, calls, steps)
+        say(f"fold_plan {case.name}: host {h:.0f} us per call, drained {d:.0f} us")
+    say(f"fold_plan, {when}: Python loop after {python_loop_us():.1f} us")
 
 
 def profile(step: Callable[[], object], n: int, top: int, on_caller: bool = False) -> str:
@@ -171,11 +200,8 @@ def main() -> None:
 
     device = torch.device("cuda")
     if args.fold_plan:
-        for case in fold_plan.cases(False):
-            subject = fold_plan.PlanSubject(case, None, {}, device, 0)
-            fn, calls = subject.host_step("host")
-            h, d = host_us(fn, calls, args.steps)
-            say(f"fold_plan {case.name}: host {h:.0f} us per call, drained {d:.0f} us")
+        fold_plan_block(say, device, args.steps, "first")
+    ran_ops = False
     for found in case_steps(args.manifest, args.op, args.case, device):
         if isinstance(found, tuple):
             raise found[1]
@@ -191,6 +217,9 @@ def main() -> None:
                 say(f"{found.case.id} [{name}] {found.mode}: host {h:.0f} us per step, drained {d:.0f} us")
                 if name in args.profile:
                     say(profile(step, max(args.steps // 2, 20), args.top, args.backward_on_caller))
+        ran_ops = True
+    if args.fold_plan and ran_ops:
+        fold_plan_block(say, device, args.steps, "after the op steps, same process")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+"""scripts/host_probe.py's fold-plan block names the planner that ran and the host's speed around its figures (the
+lent host's speed moves ~2x within one device call, notes/triton_rowwise.md, "Twenty-fourth session"). Run here on
+CPU tensors with the device drain stubbed (the plan is host work; the staging copies are real CPU copies)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from gradsweep import canonical
+from gradsweep.bench.catalog import fold_plan
+from scripts import host_probe
+
+
+@pytest.fixture
+def cpu_block(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    quick = fold_plan.cases
+    monkeypatch.setattr(fold_plan, "cases", lambda full: quick(True))
+
+    def run() -> list[str]:
+        lines: list[str] = []
+        host_probe.fold_plan_block(lines.append, torch.device("cpu"), 2, "first")
+        return lines
+    return run
+
+
+def _check(lines: list[str], planner: str) -> None:
+    assert re.fullmatch(rf"fold_plan, first: planner {planner}; Python loop \(200 iterations\) [\d.]+ us",
+                        lines[0]), lines
+    cases = [re.fullmatch(r"fold_plan (\w+): host \d+ us per call, drained \d+ us", line) for line in lines[1:-1]]
+    assert all(cases) and [m.group(1) for m in cases] == ["packed", "packed_warm", "chunked", "chunked_warm"], lines
+    assert re.fullmatch(r"fold_plan, first: Python loop after [\d.]+ us", lines[-1]), lines
+
+
+def test_the_block_names_the_numpy_planner_when_it_ran(cpu_block, monkeypatch):
+    monkeypatch.setattr(canonical, "_native_plan", None)
+    _check(cpu_block(), "numpy")
+
+
+@pytest.mark.skipif(canonical._native_plan is None, reason="gradsweep._fold_plan was not built on this box")
+def test_the_block_names_the_compiled_planner_when_it_ran(cpu_block):
+    _check(cpu_block(), r"compiled \(gradsweep\._fold_plan\)")
