@@ -41,23 +41,30 @@ step() {  # step NAME SECONDS CMD...: output to NAME.txt, exit code and time to 
   tar -czf "$out/.ab.tar.gz" -C "$res" . && mv "$out/.ab.tar.gz" "$out/ab.tar.gz"
 }
 
-# 1. the CUDA dW fold schedules: every schedule's bits against the mma.sync fold, then their times
-step fold_test 240 python3 -m pytest -q -m gpu tests/test_cuda_ops.py -k hopper_fold
-step fold_probe 150 python3 scripts/fold_schedule_probe.py "$res/fold.json"
-# 2. the Triton RoPE launch ladder by graph replay (issue 4's 90% of copy)
-step rope 200 python3 scripts/rope_configs.py "$res/rope.json"
-# 3. host figures: the fold plan and the rms_norm step with the compiled planner and the one upload, then on
-#    the base tree
-step host_new 90 python3 scripts/host_probe.py "$res/host_new" --op rms_norm --case bwd --fold-plan
+# 1. the memoised Triton dW fold (notes/wip/triton-dw-memo.patch): the TMA fold against the gather fold on the
+#    GPU, and the M-independence checks of the Triton GEMM family
+step dw_test 300 python3 -m pytest -q -m gpu tests/test_triton_gemm_vocab.py -k "dw_tma_fold or m_independence_gpu"
+# 2. the dW step's host before / after: the backward split per engine thread, and host_probe with the fold plan
+step bt_new 120 python3 scripts/backward_thread_probe.py "$res/bt_new" --op det_gemm --case dw_t4096 \
+  --profile triton --steps 100
+step host_new 120 python3 scripts/host_probe.py "$res/host_new" --op det_gemm --case dw_t4096 --fold-plan
 g() { git -c user.name=ab -c user.email=ab@localhost "$@"; }  # a stash is a commit: it needs an identity
 if g stash -q; then
-  step host_base 90 python3 scripts/host_probe.py "$res/host_base" --op rms_norm --case bwd --fold-plan
+  step bt_base 120 python3 scripts/backward_thread_probe.py "$res/bt_base" --op det_gemm --case dw_t4096 \
+    --profile triton --steps 100
+  step host_base 120 python3 scripts/host_probe.py "$res/host_base" --op det_gemm --case dw_t4096 --fold-plan
   g stash pop -q || echo "stash pop failed: the tree is the base tree from here" | tee -a "$res/summary.txt"
 fi
-# 4. where the device thread's backward time goes (Triton dW at T = 4096: host-bound on the worker thread only)
-step backward_thread 150 python3 scripts/backward_thread_probe.py "$res/backward_thread" --op det_gemm \
-  --case dw_t4096 --op rms_norm --case bwd --profile triton --profile cuda --steps 100
-# 5. SiLU forward: why end to end reads 87% of copy where kernels-only reads 98% (gaps, or clocks)
-step silu_timeline 120 python3 scripts/timeline_probe.py "$res/silu_timeline" --op silu --case fwd --sustain 3
-step silu_audit 120 python3 scripts/host_probe.py "$res/silu_audit" --op silu --case fwd --audit
+# 3. the signed fold_plan rows' gap (notes/triton_rowwise.md, "Twenty-fourth session"): the fold-plan cases before
+#    and after linear_logp's T = 16384 steps in one process, then the bench's fold_plan group alone (unsigned key)
+step plan_after_llp 200 python3 scripts/host_probe.py "$res/plan_after_llp" --op linear_logp --case fwd_bwd_t16384 \
+  --fold-plan --steps 30
+step plan_bench 150 python3 -m gradsweep.cli bench manifests/h200.yaml --op fold_plan \
+  -o "$res/plan_bench.evidence.json" --key "$res/ab-key.pem"
+# 4. the CUDA dW fold's ~107 us a call that does not grow with T (notes/kernels_cuda.md): one step under Nsight
+#    Compute, the fold and cuBLAS's dY^T X side by side
+ncu_args=(ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy
+  --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis)
+step ncu_fold 150 "${ncu_args[@]}" python3 scripts/ncu_step.py det_gemm/dw_t4096 cuda
+step ncu_cublas 150 "${ncu_args[@]}" python3 scripts/ncu_step.py det_gemm/dw_t4096 stock
 cp "$res/context.txt" "$out/context.txt"
