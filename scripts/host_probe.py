@@ -41,7 +41,7 @@ import torch
 from gradsweep import canonical
 from gradsweep.bench.catalog import fold_plan
 from gradsweep.bench.ceilings import PYTHON_LOOP, _python_loop
-from gradsweep.bench.timing import CudaTimer, Entry
+from gradsweep.bench.timing import CudaTimer, Entry, HostTimer
 from scripts.probe_cases import case_steps, log_to, probe_parser
 
 
@@ -58,14 +58,9 @@ def host_us(step: Callable[[], object], calls: int, n: int) -> tuple[float, floa
     return host, (time.perf_counter() - t0) / n / calls * 1e6
 
 
-def python_loop_us(rounds: int = 200) -> float:
-    """The bench's Python-loop ceiling at this moment (median of ``rounds`` loops, us per loop)."""
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        _python_loop()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e6
+def python_loop_us() -> float:
+    """The bench's Python-loop ceiling at this moment, timed by the bench's own host clock (us per loop)."""
+    return HostTimer().host(_python_loop).median_ms * 1e3
 
 
 def fold_plan_block(say: Callable[[str], None], device: torch.device, steps: int, when: str) -> None:
