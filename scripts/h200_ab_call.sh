@@ -6,7 +6,7 @@
 # what finished), with OUT/summary.txt listing each step's exit code and seconds.
 #
 # Usage (repo root on the GPU machine: the patched tree, its extension built for the device's Python in STATE):
-#   bash scripts/h200_ab_call.sh STATE OUT
+#   [BASE=<rev>] [DEADLINE=<s>] [SKIP="step ..."] bash scripts/h200_ab_call.sh STATE OUT
 # STATE holds _C.cpython-*.so (required: the patched csrc/ build) and, optionally, triton-cache.tar.gz.
 # The base tree is the device copy's HEAD (the last landed commit; `git stash` reaches it) for the host figures
 # that need a before / after (the fold plan); the kernel A/Bs switch inside one process.
@@ -31,6 +31,7 @@ for plan in "$state"/_fold_plan.cpython-*.so; do [ -f "$plan" ] && cp "$plan" gr
 
 step() {  # step NAME SECONDS CMD...: output to NAME.txt, exit code and time to the summary, results packed
   local name=$1 limit=$2; shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "$name skipped: SKIP" | tee -a "$res/summary.txt"; return;; esac
   local t0; t0=$(date +%s)
   local left=$(( deadline - (t0 - t_start) - 10 ))
   if [ "$left" -lt 20 ]; then echo "$name skipped: the call's deadline" | tee -a "$res/summary.txt"; return; fi
@@ -49,18 +50,30 @@ step bt_new 120 python3 scripts/backward_thread_probe.py "$res/bt_new" --op det_
   --profile triton --steps 100
 step host_new 120 python3 scripts/host_probe.py "$res/host_new" --op det_gemm --case dw_t4096 --fold-plan
 g() { git -c user.name=ab -c user.email=ab@localhost "$@"; }  # a stash is a commit: it needs an identity
-if g stash -q; then
+base_steps() {  # step 2's figures on the base tree
   step bt_base 120 python3 scripts/backward_thread_probe.py "$res/bt_base" --op det_gemm --case dw_t4096 \
     --profile triton --steps 100
   step host_base 120 python3 scripts/host_probe.py "$res/host_base" --op det_gemm --case dw_t4096 --fold-plan
+}
+# the base tree: BASE=<rev> swaps gradsweep/ for that revision's (the patches already committed), else `git stash`
+# (the patches still in the working tree); either way restored before step 3
+if [ -n "${BASE:-}" ]; then
+  if g checkout -q "$BASE" -- gradsweep; then
+    base_steps
+    g checkout -q HEAD -- gradsweep && g clean -qfd gradsweep \
+      || echo "restore failed: the tree is the base tree from here" | tee -a "$res/summary.txt"
+  fi
+elif g stash -q; then
+  base_steps
   g stash pop -q || echo "stash pop failed: the tree is the base tree from here" | tee -a "$res/summary.txt"
 fi
 # 3. the signed fold_plan rows' gap (notes/triton_rowwise.md, "Twenty-fourth session"): the fold-plan cases before
-#    and after linear_logp's T = 16384 steps in one process, then the bench's fold_plan group alone (unsigned key)
+#    and after linear_logp's T = 16384 steps in one process, then the bench's fold_plan group alone (signed with the
+#    box's default key, made on first use: not release evidence)
 step plan_after_llp 200 python3 scripts/host_probe.py "$res/plan_after_llp" --op linear_logp --case fwd_bwd_t16384 \
   --fold-plan --steps 30
 step plan_bench 150 python3 -m gradsweep.cli bench manifests/h200.yaml --op fold_plan \
-  -o "$res/plan_bench.evidence.json" --key "$res/ab-key.pem"
+  -o "$res/plan_bench.evidence.json"
 # 4. the CUDA dW fold's ~107 us a call that does not grow with T (notes/kernels_cuda.md): one step under Nsight
 #    Compute, the fold and cuBLAS's dY^T X side by side
 ncu_args=(ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy
