@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.harness.compare import bitwise_compare
 from gradsweep.layouts import Call, as_padded
 from gradsweep.ops.base import CallContext, Candidate, OpSpec, Shape
 from gradsweep.workload import Workload
@@ -34,6 +35,15 @@ class AdapterError(Exception):
     """A candidate's outputs do not cover the logical tokens exactly once (wrong rows, shapes or dtypes)."""
 
 
+class SideEffect(AdapterError):
+    """A candidate wrote memory it does not own: a call's input, a parameter, an upstream gradient, or a forward
+    output it had already handed back (red_verdict). Invariance and accuracy read only what a call returns, so a
+    kernel that uses its input as scratch, a backward that scales its upstream gradient in place, a kernel that
+    updates its weight, or a forward that returns one workspace for every call computes right values and would be
+    green; a trainer reading that memory afterwards (the residual stream, the next layer's gradient, the next
+    micro-batch's weight, an earlier micro-batch's logits) gets other values."""
+
+
 @dataclass
 class LayoutRun:
     """Logical results of one candidate over one layout: name -> tensor, plus how it was called."""
@@ -48,11 +58,8 @@ class LayoutRun:
 _PARAMS: dict[tuple, dict[str, torch.Tensor]] = {}
 
 
-def make_params(op: OpSpec, shape: Shape, workload: Workload, device: torch.device) -> dict[str, torch.Tensor]:
-    """Parameters from (seed, name), bf16 on the device (fresh tensors each call).
-
-    Drawing a 151936 x 4096 table takes seconds on the host, so a worker draws each one once.
-    """
+def _drawn_params(op: OpSpec, shape: Shape, workload: Workload, device: torch.device) -> dict[str, torch.Tensor]:
+    """The drawn parameters themselves (never handed to a candidate: ``make_params`` clones them)."""
     key = (op.name, tuple(sorted(shape.items())), workload.seed, str(device))
     if key not in _PARAMS:
         if len(_PARAMS) >= 4:
@@ -60,7 +67,15 @@ def make_params(op: OpSpec, shape: Shape, workload: Workload, device: torch.devi
         _PARAMS[key] = {p.name: (workload.params(p.name, p.shape(shape), p.scale(shape), torch.float32, "cpu")
                                  + p.offset).to(torch.bfloat16).to(device)
                         for p in op.params}
-    return {name: t.clone() for name, t in _PARAMS[key].items()}
+    return _PARAMS[key]
+
+
+def make_params(op: OpSpec, shape: Shape, workload: Workload, device: torch.device) -> dict[str, torch.Tensor]:
+    """Parameters from (seed, name), bf16 on the device (fresh tensors each call).
+
+    Drawing a 151936 x 4096 table takes seconds on the host, so a worker draws each one once.
+    """
+    return {name: t.clone() for name, t in _drawn_params(op, shape, workload, device).items()}
 
 
 _LOGICAL: dict[tuple, tuple[dict[str, torch.Tensor], list[torch.Tensor]]] = {}
@@ -179,6 +194,49 @@ def exact_fp32():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+class _Guard:
+    """What the harness handed a candidate, with its bits at hand-over: checked unchanged after the run
+    (``SideEffect``). Inputs and upstream gradients are snapshots (per-token tensors: small), parameters are
+    compared with the drawn originals (no copy of a vocabulary table), and each call's forward outputs are
+    compared, once every forward ran, with the logical copy the harness took when the call returned."""
+
+    def __init__(self, n_calls: int) -> None:
+        self.n_calls = n_calls
+        self.kept: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self.handed: list[tuple[int, RowIdentity, str, torch.Tensor]] = []
+
+    def keep(self, i: int, what: str, t: torch.Tensor) -> None:
+        self.kept.append((f"call {i + 1} of {self.n_calls}: {what}", t, t.detach().clone()))
+
+    def hand(self, i: int, rows: RowIdentity, name: str, t: torch.Tensor) -> None:
+        self.handed.append((i, rows, name, t))
+
+    def check_outputs(self, workload: Workload, logical: dict[str, torch.Tensor]) -> None:
+        for i, rows, name, t in self.handed:
+            idx = workload.logical_index(rows)
+            real = torch.nonzero(idx >= 0)[:, 0]
+            now = t.detach()[real.to(t.device)].to(logical[name].dtype)
+            d = bitwise_compare(now, logical[name][idx[real].to(logical[name].device)])
+            if not d.equal:
+                raise SideEffect(f"side effect: call {i + 1} of {self.n_calls}'s output {name} changed after the call "
+                                 f"returned it ({d.mismatched} elements; written by a later call): every call must "
+                                 "return memory of its own, not a workspace that the next call reuses")
+
+    def check_handed(self, params: dict[str, torch.Tensor], drawn: dict[str, torch.Tensor]) -> None:
+        for what, t, was in self.kept:
+            _unchanged(what, t, was)
+        for name, p in params.items():
+            _unchanged(f"parameter {name}", p, drawn[name].to(p.dtype))
+
+
+def _unchanged(what: str, now: torch.Tensor, was: torch.Tensor) -> None:
+    d = bitwise_compare(now.detach(), was)
+    if not d.equal:
+        raise SideEffect(f"side effect: {what} was written by the candidate ({d.mismatched} of {now.numel()} "
+                         "elements changed): a kernel must leave what it is handed unchanged and write into "
+                         "buffers of its own")
+
+
 @dataclass
 class _Pending:
     """One call's forward results, waiting for its backward."""
@@ -216,6 +274,7 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
     kinds: dict[str, str] = {}
     pending: list[_Pending] = []
     run = LayoutRun({}, kinds, schedule=schedule)
+    guard = _Guard(len(calls))
 
     def dest(name: str, kind: str, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if name not in logical:
@@ -224,11 +283,13 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
             kinds[name] = kind
         return logical[name], filled[name]
 
-    for call in calls:
+    for i, call in enumerate(calls):
         call = as_padded(call) if op.padded_input else call
         run.call_rows.append(call.num_rows)
         run.padded_calls += call.padded is not None
         inputs = make_inputs(op, shape, workload, call.rows, device, compute_dtype)
+        for name, t in inputs.items():
+            guard.keep(i, f"input {name}", t)
         for spec in op.inputs:
             if spec.grad and backward:
                 inputs[spec.name].requires_grad_(True)
@@ -246,6 +307,7 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
                                    f"{want}")
             d, f = dest(spec.name, "forward", t)
             _restore(workload, out_rows, t, d, f, spec.name)
+            guard.hand(i, out_rows, spec.name, t)
             if backward and not t.requires_grad:
                 raise MissingBackward(spec.name, f"output {spec.name} of {candidate.impl_id} has no grad_fn")
             outs.append(t)
@@ -253,9 +315,13 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
             continue
         grads = make_upstream(op, shape, workload, out_rows, device, None if compute_dtype == torch.bfloat16
                               else compute_dtype)
+        for spec, g in zip(op.outputs, grads):
+            guard.keep(i, f"upstream gradient of {spec.name}", g)
         pending.append(_Pending(call.rows, inputs, outs, grads))
         if schedule == "interleaved":
             torch.autograd.backward(outs, grads, retain_graph=True)
+    if schedule == "reverse" or not backward:  # (interleaved: a call's backward runs before the next forward)
+        guard.check_outputs(workload, logical)
     if backward:
         if schedule == "reverse":
             for p in reversed(pending):
@@ -264,6 +330,7 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
     for name, f in filled.items():
         if not bool(f.all()):
             raise AdapterError(f"{name}: {int((~f).sum())} logical tokens were never produced")
+    guard.check_handed(params, _drawn_params(op, shape, workload, device))
     run.tensors = logical
     return run
 
