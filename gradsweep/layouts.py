@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -16,7 +16,7 @@ from gradsweep.canonical import RowIdentity
 
 LAYOUT_NAMES: tuple[str, ...] = (
     "bn_full", "bn_chunked", "b1_singleton", "bn_padded_right", "bn_padded_left",
-    "bn_permuted", "bn_mask_density", "bn_neighbors", "prefix_cache", "decode",
+    "bn_permuted", "bn_mask_density", "bn_neighbors", "prefix_cache", "decode", "bn_strided",
 )
 REFERENCE_LAYOUT = "bn_full"
 
@@ -58,10 +58,43 @@ class Call:
     rows: RowIdentity
     segments: tuple[Segment, ...]
     padded: tuple[int, int] | None = None
+    strided: bool = False  # row tensors handed as views into wider buffers (``strided_copy``; the run's parameters
+    # and main grads then sit at an offset in flat buffers: ``offset_copy``)
 
     @property
     def num_rows(self) -> int:
         return self.rows.num_rows
+
+
+STRIDE_GAP = 8  # elements of garbage before each row of a strided call's tensors, and after it (16 bytes of bf16)
+
+
+def strided_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as a view into a wider buffer: each row followed by garbage and the view starting past a
+    gap (row stride larger than the row, nonzero storage offset), as a slice of a fused QKV projection, a
+    shifted label column or an inference engine's batch buffer hands a kernel its rows. The gaps hold NaN in
+    float tensors and -1 (never a valid index) in integer ones: a kernel that assumes contiguous rows reads
+    them. The view's element strides within a row stay 1, and each row starts 16-byte aligned for bf16."""
+    if t.dim() == 0 or t.shape[0] == 0:
+        return t
+    rows = t.shape[0]
+    flat = t.detach().reshape(rows, -1)
+    width = flat.shape[1]
+    fill = float("nan") if t.is_floating_point() else (True if t.dtype == torch.bool else -1)
+    buf = torch.full((rows, width + 2 * STRIDE_GAP), fill, dtype=t.dtype, device=t.device)
+    view = buf[:, STRIDE_GAP:STRIDE_GAP + width]
+    view.copy_(flat)
+    return view.unflatten(1, t.shape[1:]) if t.dim() > 1 else view[:, 0]
+
+
+def offset_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as a contiguous view that starts ``STRIDE_GAP`` elements into a larger buffer (NaN before and
+    after it), as parameters and main grads live in a distributed optimizer's flat buffers (Megatron, FSDP): a
+    kernel must honour the storage offset of a weight it reads and of a main grad it folds into."""
+    buf = torch.full((t.numel() + 2 * STRIDE_GAP,), float("nan"), dtype=t.dtype, device=t.device)
+    view = buf[STRIDE_GAP:STRIDE_GAP + t.numel()].view(t.shape)
+    view.copy_(t.detach())
+    return view
 
 
 def _packed_call(pieces: Sequence[tuple[int, int, int]]) -> Call:
@@ -92,7 +125,8 @@ def as_padded(call: Call) -> Call:
     """The same segments as a right-padded batch (for ops whose input is inherently padded)."""
     if call.padded is not None:
         return call
-    return _padded_call([(s.sample, s.start, s.length) for s in call.segments], left=False)
+    padded = _padded_call([(s.sample, s.start, s.length) for s in call.segments], left=False)
+    return replace(padded, strided=call.strided)
 
 
 def default_chunks(lengths: Sequence[int], seed: int) -> list[list[int]]:
@@ -178,6 +212,8 @@ def build_calls(name: str, spec, lengths: Sequence[int], seed: int) -> list[Call
     whole = [(s, 0, lengths[s]) for s in range(n)]
     if name == "bn_full":
         return [_packed_call(whole)]
+    if name == "bn_strided":  # the reference's rows in other memory: only the tensors' strides differ
+        return [replace(_packed_call(whole), strided=True)]
     if name == "b1_singleton":
         return [_packed_call([piece]) for piece in whole]
     if name == "bn_padded_right":
@@ -224,5 +260,5 @@ def same_physical_calls(a: Sequence[Call], b: Sequence[Call]) -> bool:
     """True when two layouts hand the operator exactly the same calls (a cell comparing them is a tautology)."""
     if len(a) != len(b):
         return False
-    return all(x.padded == y.padded and torch.equal(x.rows.sample, y.rows.sample)
+    return all(x.padded == y.padded and x.strided == y.strided and torch.equal(x.rows.sample, y.rows.sample)
                and torch.equal(x.rows.position, y.rows.position) for x, y in zip(a, b))

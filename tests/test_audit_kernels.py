@@ -5,6 +5,7 @@
 - the Hopper GEMMs (csrc/*_sm90.cu, CUTLASS templates instantiated there) compile to PTX with wgmma and without
   any atom.* / red.* instruction: the audit of the generated code covers what the library headers bring in
   (a stream-K or split-K scheduler would need them).
+- a cuda_bf16 kernel module never hands a kernel the address of a tensor nothing holds (`rt.ptr(x.contiguous())`);
 - a cuda_bf16 kernel module (gradsweep/cuda_kernels/*.py) never imports Triton or the Triton family, and never
   calls a torch GEMM / softmax on its kernel path (matmul, mm, bmm, einsum, linear, softmax, log_softmax, ``@``
   and relatives); the Triton family never imports the CUDA family: a profile never borrows another's kernels.
@@ -130,6 +131,33 @@ def test_triton_kernel_modules_do_not_import_the_cuda_family() -> None:
 ])
 def test_kernel_path_scanner_catches_planted(planted: str) -> None:
     assert kernel_path_offences("import torch\n" + planted, _CUDA_FORBIDDEN)
+
+
+def temporary_address_offences(src: str) -> list[str]:
+    """``rt.ptr(<a call>)``: the address of a tensor that nothing holds (``x.contiguous()``, ``x.float()``,
+    ``f(...)``). When the call makes a copy (a strided or other-dtype input), the copy is freed as soon as its
+    address is taken, before the kernel that reads it runs: on the GPU the caching allocator and stream order
+    happen to keep the bytes, the emulated kernels (tests/cuda_emu) read freed memory. Bind the tensor to a name
+    first. (Found by ``bn_strided``: rl_ratio's backward took its strided upstream gradient's copy this way.)"""
+    bad = []
+    for node in ast.walk(ast.parse(src)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "ptr"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "rt"
+                and any(isinstance(a, ast.Call) for a in node.args)):
+            bad.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def test_cuda_kernel_modules_never_take_a_temporary_tensors_address() -> None:
+    offenders = {p.name: temporary_address_offences(p.read_text()) for p in sorted(CUDA_PY.glob("*.py"))}
+    assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+@pytest.mark.parametrize("planted", ["f(rt.ptr(x.contiguous()))\n", "f(rt.ptr(up(g, n)))\n",
+                                     "rt.ptr(x.float())\n"])
+def test_temporary_address_scanner_catches_planted(planted: str) -> None:
+    assert temporary_address_offences(planted)
+    assert not temporary_address_offences("y = x.contiguous()\nf(rt.ptr(y), rt.ptr(None))\n")
 
 
 def _cutlass_include() -> Path | None:

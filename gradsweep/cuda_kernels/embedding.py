@@ -41,10 +41,11 @@ def embedding_fold(step_tokens: torch.Tensor, ids_src: torch.Tensor, dy_src: tor
         return
     tok_ids = ids_src.index_select(0, step_tokens).to(torch.int64)
     sorted_ids, order = torch.sort(tok_ids, stable=True)
+    sorted_ids = sorted_ids.contiguous()
     src = step_tokens.index_select(0, order).to(torch.int32).contiguous()
     dy_src = dy_src.to(torch.bfloat16).contiguous()
     dev, stream = rt.launch(dy_src)
-    rt.ext().embedding_fold(rt.ptr(sorted_ids.contiguous()), rt.ptr(src), n, rt.ptr(dy_src), rt.ptr(main_grad),
+    rt.ext().embedding_fold(rt.ptr(sorted_ids), rt.ptr(src), n, rt.ptr(dy_src), rt.ptr(main_grad),
                             vocab, hidden, dev, stream)
 
 

@@ -66,8 +66,9 @@ class _RatioFn(torch.autograd.Function):
         d, gcode = _grad_out(lp.numel(), ctx.like)
         if lp.numel():
             dev, stream = rt.launch(lp)
-            rt.ext().rl_ratio_bwd(rt.ptr(lp), rt.ptr(old), rt.ptr(_upstream(g, lp.numel(), lp.device)), rt.ptr(d),
-                                  lp.numel(), ctx.code, gcode, dev, stream)
+            up = _upstream(g, lp.numel(), lp.device)  # held: a strided g's contiguous copy must outlive the launch
+            rt.ext().rl_ratio_bwd(rt.ptr(lp), rt.ptr(old), rt.ptr(up), rt.ptr(d), lp.numel(), ctx.code, gcode, dev,
+                                  stream)
         return d.view(ctx.shape).to(ctx.like.dtype), None
 
 

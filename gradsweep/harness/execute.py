@@ -18,7 +18,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.harness.compare import bitwise_compare
-from gradsweep.layouts import Call, as_padded
+from gradsweep.layouts import Call, as_padded, offset_copy, strided_copy
 from gradsweep.ops.base import CallContext, Candidate, OpSpec, Shape
 from gradsweep.workload import Workload
 
@@ -260,10 +260,11 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
     if schedule not in ("reverse", "interleaved"):
         raise ValueError(f"unknown schedule {schedule!r}; use 'reverse' or 'interleaved'")
     total = workload.num_tokens
-    params = {n: t.to(compute_dtype).requires_grad_(backward)
+    flat = offset_copy if any(c.strided for c in calls) else (lambda t: t)  # bn_strided: flat-buffer views
+    params = {n: flat(t.to(compute_dtype)).requires_grad_(backward)
               for n, t in make_params(op, shape, workload, device).items()}
-    starts = {n: (main_grads[n].clone() if main_grads is not None and n in main_grads
-                  else torch.zeros(t.shape, dtype=torch.float32, device=device)) for n, t in params.items()}
+    starts = {n: flat(main_grads[n].clone() if main_grads is not None and n in main_grads
+                      else torch.zeros(t.shape, dtype=torch.float32, device=device)) for n, t in params.items()}
     folds: dict[str, CanonicalFold] = {}
     if candidate.param_grads == "fold" and backward:
         tiles = candidate.fold_tiles()
@@ -288,6 +289,8 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
         run.call_rows.append(call.num_rows)
         run.padded_calls += call.padded is not None
         inputs = make_inputs(op, shape, workload, call.rows, device, compute_dtype)
+        if call.strided:
+            inputs = {name: strided_copy(t) for name, t in inputs.items()}
         for name, t in inputs.items():
             guard.keep(i, f"input {name}", t)
         for spec in op.inputs:
@@ -315,6 +318,8 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
             continue
         grads = make_upstream(op, shape, workload, out_rows, device, None if compute_dtype == torch.bfloat16
                               else compute_dtype)
+        if call.strided:
+            grads = [strided_copy(g) for g in grads]
         for spec, g in zip(op.outputs, grads):
             guard.keep(i, f"upstream gradient of {spec.name}", g)
         pending.append(_Pending(call.rows, inputs, outs, grads))

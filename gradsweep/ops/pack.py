@@ -61,6 +61,6 @@ OP = OpSpec(
     # Every call of pack is a padded batch, so bn_full already IS a right-padded batch: bn_padded_right
     # would hand the kernel the reference's own calls (a tautological cell). Left padding differs.
     layouts=("bn_full", "bn_chunked", "b1_singleton", "bn_padded_left", "bn_permuted", "bn_mask_density",
-             "bn_neighbors", "prefix_cache"),
+             "bn_neighbors", "prefix_cache", "bn_strided"),
     padded_input=True,
 )

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gradsweep.ops import rl_common as rl
 from gradsweep.ops.base import CallContext, CallOutput, OpSpec, TokenInput, kernel_candidates
 
-WHOLE_PAIR_LAYOUTS = ("bn_full", "bn_padded_right", "bn_padded_left", "bn_permuted", "bn_mask_density")
+WHOLE_PAIR_LAYOUTS = ("bn_full", "bn_padded_right", "bn_padded_left", "bn_permuted", "bn_mask_density", "bn_strided")
 
 
 class DpoShape(BaseModel):
