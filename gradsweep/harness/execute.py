@@ -168,7 +168,9 @@ def main_grad_starts(op: OpSpec, shape: Shape, workload: Workload, scales: dict[
 
 
 def _restore(workload: Workload, rows: RowIdentity, physical: torch.Tensor, dest: torch.Tensor,
-             filled: torch.Tensor, name: str) -> None:
+             filled: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy the real rows of ``physical`` to their logical rows of ``dest``; return (their physical rows, their
+    logical rows)."""
     if physical.shape[0] != rows.num_rows:
         raise AdapterError(f"{name}: {physical.shape[0]} rows returned for {rows.num_rows} physical rows")
     if tuple(physical.shape[1:]) != tuple(dest.shape[1:]):
@@ -180,6 +182,7 @@ def _restore(workload: Workload, rows: RowIdentity, physical: torch.Tensor, dest
         raise AdapterError(f"{name}: a logical token was produced twice")
     filled[target] = True
     dest[target.to(dest.device)] = physical[real.to(physical.device)].detach().to(dest.dtype)
+    return real, target
 
 
 @contextmanager
@@ -203,20 +206,19 @@ class _Guard:
     def __init__(self, n_calls: int) -> None:
         self.n_calls = n_calls
         self.kept: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-        self.handed: list[tuple[int, RowIdentity, str, torch.Tensor]] = []
+        self.handed: list[tuple[int, str, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def keep(self, i: int, what: str, t: torch.Tensor) -> None:
         self.kept.append((f"call {i + 1} of {self.n_calls}: {what}", t, t.detach().clone()))
 
-    def hand(self, i: int, rows: RowIdentity, name: str, t: torch.Tensor) -> None:
-        self.handed.append((i, rows, name, t))
+    def hand(self, i: int, name: str, t: torch.Tensor, real: torch.Tensor, target: torch.Tensor) -> None:
+        """Call ``i`` returned ``t`` as output ``name``; ``_restore`` copied its rows ``real`` to logical ``target``."""
+        self.handed.append((i, name, t, real, target))
 
-    def check_outputs(self, workload: Workload, logical: dict[str, torch.Tensor]) -> None:
-        for i, rows, name, t in self.handed:
-            idx = workload.logical_index(rows)
-            real = torch.nonzero(idx >= 0)[:, 0]
+    def check_outputs(self, logical: dict[str, torch.Tensor]) -> None:
+        for i, name, t, real, target in self.handed:
             now = t.detach()[real.to(t.device)].to(logical[name].dtype)
-            d = bitwise_compare(now, logical[name][idx[real].to(logical[name].device)])
+            d = bitwise_compare(now, logical[name][target.to(logical[name].device)])
             if not d.equal:
                 raise SideEffect(f"side effect: call {i + 1} of {self.n_calls}'s output {name} changed after the call "
                                  f"returned it ({d.mismatched} elements; written by a later call): every call must "
@@ -309,8 +311,7 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
                 raise AdapterError(f"{spec.name}: candidate {candidate.impl_id} returned {t.dtype}, the op declares "
                                    f"{want}")
             d, f = dest(spec.name, "forward", t)
-            _restore(workload, out_rows, t, d, f, spec.name)
-            guard.hand(i, out_rows, spec.name, t)
+            guard.hand(i, spec.name, t, *_restore(workload, out_rows, t, d, f, spec.name))
             if backward and not t.requires_grad:
                 raise MissingBackward(spec.name, f"output {spec.name} of {candidate.impl_id} has no grad_fn")
             outs.append(t)
@@ -326,7 +327,7 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
         if schedule == "interleaved":
             torch.autograd.backward(outs, grads, retain_graph=True)
     if schedule == "reverse" or not backward:  # (interleaved: a call's backward runs before the next forward)
-        guard.check_outputs(workload, logical)
+        guard.check_outputs(logical)
     if backward:
         if schedule == "reverse":
             for p in reversed(pending):
