@@ -48,6 +48,12 @@ except ImportError:  # no C++ compiler at install: the numpy path (the same plan
     _native_plan = None
 
 
+def planner() -> str:
+    """Which planner folds plan with in this process: ``"compiled"`` (gradsweep._fold_plan) or ``"numpy"``. Host
+    timings of the plan record it (the two give the same plans at different host cost)."""
+    return "numpy" if _native_plan is None else "compiled"
+
+
 @dataclass(frozen=True)
 class Runs:
     """Runs of a call's real rows: rows ``row0[i] .. row0[i]+length[i]-1`` hold positions ``pos0[i] ..`` of

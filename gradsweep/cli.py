@@ -32,7 +32,7 @@ Exit codes of sweep, merge and check: 0 every non-skipped cell green or blocked 
 blocked or skipped); 130 interrupted (partial results kept for --resume).
 verify: 0 valid and fresh; 1 bad signature, untrusted key or malformed evidence; 2 bad usage;
 4 valid but stale: an input of the verdicts (source tree, manifest, contract, tracked reds, built
-extension) differs from this checkout (0 with --allow-stale).
+extension, compiled fold planner) differs from this checkout (0 with --allow-stale).
 report and diff: 1 when the evidence does not verify (unless --allow-unverified); diff: 1 on a regression
 or lost coverage. bench: 0 it ran (targets met or missed); 1 a check failed or a case raised; 2 bad usage or
 input; 3 no CUDA GPU without --quick. Any command: 1 on an unexpected internal error (one line;
@@ -337,19 +337,19 @@ def verify(
     allow_stale: Annotated[bool, typer.Option("--allow-stale", help="exit 0 even if an input of the verdicts "
                                                                     "changed since the run")] = False,
     allow_other_build: Annotated[bool, typer.Option(
-        "--allow-other-build", help="accept a built extension that differs from the run's (re-verifying on "
-                                    "another machine that built its own gradsweep/_C); sources are still "
-                                    "compared")] = False,
+        "--allow-other-build", help="accept built modules that differ from the run's (re-verifying on another "
+                                    "machine that built its own gradsweep/_C and gradsweep/_fold_plan); sources "
+                                    "are still compared")] = False,
     tree: TreeOpt = None,
 ) -> None:
     """Check the signature, the signer and freshness.
 
     The signer must be in the trust file (or given with --trusted-key) and allowed to sign the manifest;
-    then the source tree, manifest, contract, tracked reds and built extension are compared with this
-    checkout.
+    then the source tree, manifest, contract, tracked reds, built extension and compiled fold planner are
+    compared with this checkout.
     """
     from gradsweep.evidence.custom_code import custom_code_warnings
-    from gradsweep.evidence.freshness import stale_checks
+    from gradsweep.evidence.freshness import BUILDS, stale_checks
     from gradsweep.evidence.verify import EvidenceError
     from gradsweep.report.readers import verify_any_evidence
 
@@ -390,8 +390,8 @@ def verify(
         say(f"WARNING: {warning}")
     stale = stale_checks(result.checks, allow_other_build)
     if stale:
-        hint = "; on another machine with its own build, --allow-other-build accepts the extension only" \
-            if all(c.name == "extension" for c in stale) else f"; rerun the {result.kind.replace('closeout', 'sweep')}"
+        hint = "; on another machine with its own build, --allow-other-build accepts the builds only" \
+            if all(c.name in BUILDS for c in stale) else f"; rerun the {result.kind.replace('closeout', 'sweep')}"
         say("STALE: " + "; ".join(c.line() for c in stale) + hint)
         raise typer.Exit(0 if allow_stale else EXIT_STALE)
     console.print("fresh: every input of the verdicts matches this checkout", markup=False)

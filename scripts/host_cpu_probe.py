@@ -58,8 +58,14 @@ class Stubs:
             if key not in fl._memo:
                 build()
                 fl._memo[key] = True
+        def replay_all(fl, keys) -> bool:  # memoised launches replayed, all or none (as FastLaunch.replay_all)
+            if not all(key in fl._memo for key in keys):
+                return False
+            self.launches += len(keys)
+            return True
         _launch.FastLaunch.__call__ = launch  # type: ignore[method-assign]
         _launch.FastLaunch.memo = memo  # type: ignore[method-assign]
+        _launch.FastLaunch.replay_all = replay_all  # type: ignore[method-assign]
         _common.Tuner._tune = lambda tuner, key, *a, **k: tuner.configs(key)[0]  # type: ignore[method-assign]
         if fake_tma:
             gemm.tma_rows_ok = lambda *tensors: True

@@ -91,6 +91,11 @@ def test_the_run_is_signed_bench_evidence_with_figures_checks_and_targets(run):
     assert [s["name"] for s in statement["subject"]] == ["manifest:ci_smoke", "source-tree:csrc+gradsweep"]
     assert not pred.claims_figures and pred.runs[0].quick and pred.runs[0].provenance.python
     assert pred.ceilings is not None and pred.targets.path == "manifests/bench_targets.yaml"
+    from gradsweep.evidence.extension import planner_digest  # the timed folds' planner is pinned, when built
+    from gradsweep.evidence.source_digest import repo_root
+    built = planner_digest(repo_root())
+    assert (pred.planner and (pred.planner.path, pred.planner.sha256)) == \
+        (built and (built[0].relative_to(repo_root()).as_posix(), built[1])), pred.planner
     bwd = next(c for c in pred.cases if c.id == "rms_norm/bwd")
     assert bwd.shape == {"hidden": 64, "eps": 1e-6} and bwd.lengths == [9, 3, 14]
     fam = bwd.families["triton"]
@@ -109,6 +114,8 @@ def test_the_run_is_signed_bench_evidence_with_figures_checks_and_targets(run):
     plan = next(c for c in pred.cases if c.id == "fold_plan/chunked")
     host = plan.families["host"]
     assert host.metrics["host_us"] == 0.02 * 1e3 / 3 and host.targets[0].met is True
+    from gradsweep.canonical import planner  # the plan's host time says which planner it timed
+    assert host.impl == f"gradsweep.canonical.CanonicalFold (planner: {planner()})", host.impl
     assert pred.summary.targets_missed >= 1 and pred.summary.checks_failed == 0
     assert pred.verdict.exit_code == 0 and pred.verdict.summary.startswith("RAN")
 

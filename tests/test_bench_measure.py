@@ -368,3 +368,28 @@ def test_ceilings_carry_the_runs_host_figures_and_old_evidence_reads_without_the
     assert text.startswith("; host: torch launch ") and f"{ceilings.host_python.value:.1f} us" in text
     old = Ceilings.model_validate(ceilings.model_dump(exclude={"host_launch", "host_python"}))
     assert old.host_launch is None and old.host_text() == ""
+
+
+def test_ceilings_carry_the_autograd_floor_and_older_evidence_reads_without_it() -> None:
+    """The floor under every bwd row: a backward through one stock node and through one Python autograd Function,
+    both measured; the Python node is a real Python node (its backward runs, its gradient passes through); files
+    from before the pair parse and show the other host figures only."""
+    from gradsweep.bench.ceilings import Ceilings, _passthrough_node, measure_ceilings
+    from gradsweep.bench.timing import Budget, HostTimer
+
+    ceilings = measure_ceilings(HostTimer(Budget.quick()), CPU, quick=True)
+    stock, python = ceilings.host_autograd_stock, ceilings.host_autograd_python
+    assert stock is not None and python is not None
+    assert 0 < stock.value < 1e5 and 0 < python.value < 1e5 and stock.unit == python.unit == "us"
+    assert python.timing.samples > 1 and "Python autograd.Function" in python.what
+    text = ceilings.host_text()
+    assert f"one stock node {stock.value:.1f} us / one Python Function {python.value:.1f} us" in text
+    node = _passthrough_node()
+    leaf = torch.arange(4.0, requires_grad=True)
+    out = node.apply(leaf)
+    assert type(out.grad_fn).__name__ == "PassthroughBackward"  # a Python node, not a view node of torch's
+    (grad,) = torch.autograd.grad([out], [leaf], [torch.full((4,), 3.0)])
+    assert torch.equal(grad, torch.full((4,), 3.0))
+    old = Ceilings.model_validate(ceilings.model_dump(exclude={"host_autograd_stock", "host_autograd_python"}))
+    assert old.host_autograd_python is None and old.host_text().startswith("; host: torch launch ")
+    assert "stock node" not in old.host_text()

@@ -23,12 +23,13 @@ from tests.fakes.helpers import FAKE_CELL, FAKE_LOADER, REPO, write_manifest
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One real cell of manifests/ci_smoke.yaml, digested against a copy of the checkout (with a stand-in
-    built extension, so the test does not depend on nvcc)."""
+    built extension and compiled fold planner, so the test depends on neither compiler)."""
     base = tmp_path_factory.mktemp("fresh")
     tree = base / "tree"
     for sub in ("gradsweep", "csrc", "manifests"):
         shutil.copytree(REPO / sub, tree / sub, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     (tree / "gradsweep" / f"_C{EXTENSION_SUFFIXES[0]}").write_bytes(b"\x7fELF stand-in extension")
+    (tree / "gradsweep" / f"_fold_plan{EXTENSION_SUFFIXES[0]}").write_bytes(b"\x7fELF stand-in planner")
     key = base / "k.pem"
     write_keypair(key)
     out = base / "ev.json"
@@ -56,6 +57,7 @@ def test_evidence_records_every_input_relatively(real_run: dict[str, Path]) -> N
     assert pred.contract.path == "manifests/contract.yaml" and pred.contract.sha256
     assert pred.tracked_file == "manifests/tracked_reds.yaml" and pred.tracked_sha256
     assert pred.extension is not None and pred.extension.path.startswith("gradsweep/_C")
+    assert pred.planner is not None and pred.planner.path.startswith("gradsweep/_fold_plan")
     fresh = _verify(real_run, real_run["tree"])
     assert fresh.exit_code == 0, fresh.stderr
     assert "fresh: every input of the verdicts matches this checkout" in fresh.stdout
@@ -98,6 +100,23 @@ def test_extension_is_compared_only_when_built_here(real_run: dict[str, Path], t
     unbuilt = _verify(real_run, tree)
     assert unbuilt.exit_code == 0, unbuilt.stderr
     assert "extension not compared: not built in this checkout" in unbuilt.stdout
+
+
+def test_the_fold_planner_is_compared_only_when_built_here(real_run: dict[str, Path], tmp_path: Path) -> None:
+    """The compiled fold planner plans every canonical fold of the run: a rebuilt or edited one is stale, accepted
+    (like the extension) by --allow-other-build only; none built here is not compared."""
+    tree = _copy(real_run, tmp_path)
+    plan = next((tree / "gradsweep").glob("_fold_plan*"))
+    with open(plan, "ab") as fh:
+        fh.write(b"\0appended")
+    edited = _verify(real_run, tree)
+    assert edited.exit_code == 4 and "fold planner differs" in edited.stderr, edited.stderr
+    assert "extension" not in edited.stderr and "--allow-other-build accepts the builds only" in edited.stderr
+    assert _verify(real_run, tree, "--allow-other-build").exit_code == 0
+    plan.unlink()
+    unbuilt = _verify(real_run, tree)
+    assert unbuilt.exit_code == 0, unbuilt.stderr
+    assert "fold planner not compared: not built in this checkout" in unbuilt.stdout
 
 
 def test_evidence_format_1_is_stale(real_run: dict[str, Path]) -> None:

@@ -92,6 +92,24 @@ def test_merge_refuses_missing_duplicate_and_foreign(world: dict, tmp_path: Path
     assert not out.exists()
 
 
+def test_merge_refuses_shards_of_different_fold_planners(world: dict, tmp_path: Path) -> None:
+    """The same sources with another compiled fold planner (another machine's build): the shards planned their
+    folds with different binaries, so they are not one run's cells."""
+    import shutil
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    tree = tmp_path / "tree"
+    for sub in ("gradsweep", "csrc"):
+        shutil.copytree(REPO / sub, tree / sub, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for ext in (REPO / "gradsweep").glob("_C*.so"):  # the same CUDA extension as the other shards'
+        shutil.copy(ext, tree / "gradsweep")
+    (tree / "gradsweep" / f"_fold_plan{EXTENSION_SUFFIXES[0]}").write_bytes(b"\x7fELF another machine's build")
+    other = world["sweep"]("other-planner-s2.json", "2/3", tree)
+    s1, _, s3 = world["shards"]
+    with pytest.raises(BadInput, match="compiled fold planner"):
+        merge_shards([s1, other, s3], world["trusted"], load_signer(world["key"]), tmp_path / "m.json")
+
+
 def test_provenance_is_measured(world: dict) -> None:
     prov: Provenance = world["prov"]
     import torch

@@ -208,6 +208,29 @@ def test_a_memoised_launch_builds_its_arguments_once_per_key_and_device(fast, mo
     assert built[-1] == 8.0 and fn.calls[-1][0] == "compile"
 
 
+def test_replay_all_launches_every_memoised_key_in_order_or_none(fast, monkeypatch) -> None:
+    """``FastLaunch.replay_all``: every key memoised on this device: each launched with its kept arguments, in the
+    order given; one key missing (never memoised, or on another device), hooks set or no fast launch: nothing
+    launched and False (a caller replaying a split fold must never run part of it)."""
+    fn = _Jit()
+    launch = _launch.FastLaunch(fn)
+    for key, x in (("a", 1.0), ("b", 2.0)):
+        launch.memo(key, lambda x=x: ((4,), [x, 32], {"BLOCK": 64}, 4, 3))
+    n = len(fn.calls)
+    assert launch.replay_all(("b", "a")) is True
+    assert [c[1][13:] for c in fn.calls[n:]] == [(2.0, 32, 64), (1.0, 32, 64)]
+    n = len(fn.calls)
+    assert launch.replay_all(("a", "c")) is False and len(fn.calls) == n  # "c" never memoised: nothing launched
+    monkeypatch.setattr(_launch, "_device", lambda: 5)
+    assert launch.replay_all(("a",)) is False and len(fn.calls) == n  # memoised on device 3 only
+    monkeypatch.setattr(_launch, "_device", lambda: 3)
+    monkeypatch.setattr(_launch, "_hooks_set", lambda: True)
+    assert launch.replay_all(("a",)) is False and len(fn.calls) == n
+    monkeypatch.setattr(_launch, "_hooks_set", lambda: False)
+    monkeypatch.setattr(_launch, "FAST_LAUNCH", False)
+    assert launch.replay_all(("a",)) is False and len(fn.calls) == n
+
+
 def test_hook_detection_reads_tritons_hook_chains() -> None:
     class Chain:
         def __init__(self, calls):

@@ -123,7 +123,7 @@ def _device(quick: bool) -> str:
 
 def run_bench(opts: BenchOptions, say: Say = lambda s: None) -> BenchOutcome:
     """Run the bench; BadInput (exit 2) and NoDevice (exit 3) are raised before anything is measured."""
-    from gradsweep.evidence.extension import extension_digest
+    from gradsweep.evidence.extension import extension_digest, planner_digest
     from gradsweep.evidence.paths import portable_argv, portable_path
     from gradsweep.evidence.predicate import ContractRef, ExtensionRef, ManifestRef, SourceRef
     from gradsweep.evidence.provenance import collect_provenance
@@ -184,21 +184,22 @@ def run_bench(opts: BenchOptions, say: Say = lambda s: None) -> BenchOutcome:
         + (", --quick: no figures claimed" if opts.quick or device_name != "cuda" else "") + f" -> {out}")
     for profile, why in selection.blocked.items():
         say(f"  profile {profile}: not benched ({why})")
-    ceilings = measure_ceilings(timer, device, opts.quick)
-    say(f"  ceilings: copy {ceilings.copy_gbps:.0f} GB/s, cuBLAS bf16 {ceilings.gemm_tflops:.1f} TFLOP/s"
-        f"{ceilings.host_text()}")
     check_lengths = list(QUICK_CHECK_LENGTHS if opts.quick else manifest.samples.lengths)
     records: list[CaseRecord] = []
     say(f"  {backward_text(opts.backward_thread)}")
-    # One engine setting for every side of every case (stock, anchors, families): a per-op step makes one backward
-    # call, so on the device thread each op pays the hand-off a trainer's step pays once for its whole graph
-    # (bench/results/engine_thread_2026-12-04/). The setting is restored afterwards, whatever happens.
+    # One engine setting for every side of every case (stock, anchors, families) and for the ceilings' autograd
+    # figures: a per-op step makes one backward call, so on the device thread each op pays the hand-off a trainer's
+    # step pays once for its whole graph (bench/results/engine_thread_2026-12-04/). The setting is restored
+    # afterwards, whatever happens.
     with torch.autograd.set_multithreading_enabled(opts.backward_thread == "worker"):
+        ceilings = measure_ceilings(timer, device, opts.quick)
+        say(f"  ceilings: copy {ceilings.copy_gbps:.0f} GB/s, cuBLAS bf16 {ceilings.gemm_tflops:.1f} TFLOP/s"
+            f"{ceilings.host_text()}")
         for i, case in enumerate(selection.cases, 1):
             say(f"[{i}/{len(selection.cases)}] {case.id}: {case.title}")
             records.append(run_case(case, selection.slots[case.id], timer, device, manifest.seed + i, ceilings,
                                     list(targets_file.targets), manifest.contract_path, check_lengths, say))
-    ext = extension_digest(root)
+    ext, plan = extension_digest(root), planner_digest(root)
     pred = BenchPredicate(
         generator=_generator(),
         manifest=ManifestRef(name=manifest.name, version=int(manifest.manifest_version),
@@ -208,8 +209,8 @@ def run_bench(opts: BenchOptions, say: Say = lambda s: None) -> BenchOutcome:
         targets=TargetsRef(path=portable_path(targets_path, root), sha256=file_sha256(targets_path),
                            version=targets_file.version),
         source=SourceRef(sha256=source.sha256, files=source.files, roots=list(source.roots)),
-        extension=None if ext is None else ExtensionRef(path=portable_path(ext[0], root), sha256=ext[1],
-                                                        build=provenance.cuda_extension),
+        extension=ExtensionRef.of(ext, root, provenance.cuda_extension),
+        planner=ExtensionRef.of(plan, root),
         selection=Selection(ops=opts.ops, families=opts.families, profiles=selection.profiles,
                             blocked=selection.blocked),
         claims_figures=not opts.quick and device_name == "cuda",

@@ -17,7 +17,15 @@ from pydantic import ValidationError
 
 from gradsweep.bench.predicate import BENCH_PREDICATE, BenchPredicate
 from gradsweep.evidence.envelope import EnvelopeError, decode_statement, open_envelope, seal, write_atomic
-from gradsweep.evidence.freshness import NOT_COMPARED, SAME, InputCheck, extension_check, file_check, source_check
+from gradsweep.evidence.freshness import (
+    NOT_COMPARED,
+    SAME,
+    InputCheck,
+    extension_check,
+    file_check,
+    planner_check,
+    source_check,
+)
 from gradsweep.evidence.jsonsafe import jsonable
 from gradsweep.evidence.source_digest import file_sha256, repo_root
 from gradsweep.evidence.statement import SOURCE_SUBJECT, STATEMENT_TYPE
@@ -128,7 +136,7 @@ def bench_inputs(pred: BenchPredicate, root: Path, evidence: Path | None = None)
               file_check("manifest", pred.manifest.path, pred.manifest.sha256, root, run="bench"),
               file_check("targets", pred.targets.path, pred.targets.sha256, root, run="bench"),
               file_check("contract", pred.contract.path, pred.contract.sha256, root, run="bench"),
-              extension_check(pred.extension, root)]
+              extension_check(pred.extension, root), planner_check(pred.planner, root)]
     if evidence is not None:
         state = check_chart(evidence, pred)
         same = state == "same"

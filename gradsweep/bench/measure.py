@@ -229,7 +229,10 @@ def run_case(case: Case, slots: list[Slot], timer: Timer, device: torch.device, 
 def _impl(slot: Slot) -> str:
     if slot.candidate is not None:
         return slot.candidate.impl_id
-    return "gradsweep.canonical.CanonicalFold" if slot.family == HOST else "-"
+    if slot.family != HOST:
+        return "-"
+    from gradsweep.canonical import planner
+    return f"gradsweep.canonical.CanonicalFold (planner: {planner()})"
 
 
 def _family(case: Case, slot: Slot, subject: Subject, timer: Timer, device: torch.device, ceilings: Ceilings | None,

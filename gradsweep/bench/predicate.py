@@ -170,6 +170,8 @@ class BenchPredicate(_Strict):
     targets: TargetsRef
     source: SourceRef
     extension: ExtensionRef | None = None
+    planner: ExtensionRef | None = Field(None, description="the compiled fold planner the timed folds planned with "
+                                         "(None: numpy, or evidence from before it)")
     selection: Selection
     claims_figures: bool = Field(description="false for --quick and CPU runs: machinery exercised, no figures")
     runs: list[BenchRun]

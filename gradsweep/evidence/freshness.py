@@ -1,11 +1,11 @@
 """Is evidence still about this checkout? Every input of a verdict is compared, one by one.
 
 Inputs: the source tree (csrc/ and gradsweep/), the manifest, the contract, the tracked-reds file
-(all by the repository-relative path the evidence records) and the built CUDA extension. A changed,
-missing or unrecorded input makes the evidence stale. The extension is a per-machine build product:
-it is compared only when this checkout has one built, and its difference is reported on its own
-line ("extension differs") so a verifier on another machine can accept exactly that difference
-(``--allow-other-build``) without accepting changed sources. See docs/evidence.md.
+(all by the repository-relative path the evidence records), the built CUDA extension and the compiled fold
+planner. A changed, missing or unrecorded input makes the evidence stale. The two builds are per-machine build
+products: each is compared only when this checkout has one built, and a difference is reported on its own
+line ("extension differs", "fold planner differs") so a verifier on another machine can accept exactly that
+difference (``--allow-other-build``) without accepting changed sources. See docs/evidence.md.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradsweep.evidence.extension import extension_digest
+from gradsweep.evidence.extension import extension_digest, planner_digest
 from gradsweep.evidence.paths import is_external, resolve_recorded
 from gradsweep.evidence.predicate import ExtensionRef, Predicate, SourceRef
 from gradsweep.evidence.source_digest import file_sha256, tree_digest
@@ -25,6 +25,8 @@ MISSING = "missing"
 NOT_RECORDED = "not recorded"
 NOT_COMPARED = "not compared"
 EXTENSION = "extension"
+PLANNER = "fold planner"
+BUILDS = (EXTENSION, PLANNER)  # the per-machine build products: what --allow-other-build accepts
 _STALE = (DIFFERS, MISSING, NOT_RECORDED)
 
 
@@ -74,23 +76,32 @@ def source_check(source: SourceRef, root: Path) -> InputCheck:
     return InputCheck("source tree", SAME, f"{roots} {current[:16]}")
 
 
-def extension_check(rec: ExtensionRef | None, root: Path) -> InputCheck:
-    """The recorded CUDA extension build against this checkout's (compared only when one is built here)."""
-    here = extension_digest(root)
+def _build_check(name: str, rec: ExtensionRef | None, here: tuple[Path, str] | None, root: Path) -> InputCheck:
+    """A recorded build product against this checkout's (compared only when one is built here)."""
     if here is None:
         if rec is None:
-            return InputCheck(EXTENSION, NOT_COMPARED, "not built for the run, not built here")
-        return InputCheck(EXTENSION, NOT_COMPARED, f"not built in this checkout (the run used {rec.sha256[:16]})")
+            return InputCheck(name, NOT_COMPARED, "not built for the run, not built here")
+        return InputCheck(name, NOT_COMPARED, f"not built in this checkout (the run used {rec.sha256[:16]})")
     path, digest = here
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
     if rec is None:
-        return InputCheck(EXTENSION, DIFFERS, f"this checkout has {rel} ({digest[:16]}); the run had no built "
-                                              "extension")
+        return InputCheck(name, DIFFERS, f"this checkout has {rel} ({digest[:16]}); the run recorded no built "
+                                         f"{name}")
     if digest != rec.sha256:
-        return InputCheck(EXTENSION, DIFFERS, f"{rel} is {digest[:16]}, the evidence measured {rec.path} "
-                                              f"{rec.sha256[:16]} (a rebuild, another machine's build, or an "
-                                              "edited binary)")
-    return InputCheck(EXTENSION, SAME, f"{rel} {digest[:16]}")
+        return InputCheck(name, DIFFERS, f"{rel} is {digest[:16]}, the evidence measured {rec.path} "
+                                         f"{rec.sha256[:16]} (a rebuild, another machine's build, or an edited "
+                                         "binary)")
+    return InputCheck(name, SAME, f"{rel} {digest[:16]}")
+
+
+def extension_check(rec: ExtensionRef | None, root: Path) -> InputCheck:
+    """The recorded CUDA extension build against this checkout's (compared only when one is built here)."""
+    return _build_check(EXTENSION, rec, extension_digest(root), root)
+
+
+def planner_check(rec: ExtensionRef | None, root: Path) -> InputCheck:
+    """The recorded compiled fold planner against this checkout's (compared only when one is built here)."""
+    return _build_check(PLANNER, rec, planner_digest(root), root)
 
 
 def _tracked_check(pred: Predicate, root: Path) -> InputCheck:
@@ -116,9 +127,10 @@ def check_inputs(pred: Predicate, root: Path) -> list[InputCheck]:
     checks.append(file_check("contract", pred.contract.path, pred.contract.sha256, root))
     checks.append(_tracked_check(pred, root))
     checks.append(extension_check(pred.extension, root))
+    checks.append(planner_check(pred.planner, root))
     return checks
 
 
 def stale_checks(checks: list[InputCheck], allow_other_build: bool = False) -> list[InputCheck]:
     """The checks that make the evidence stale (the extension's only unless another build is allowed)."""
-    return [c for c in checks if c.stale and not (allow_other_build and c.name == EXTENSION)]
+    return [c for c in checks if c.stale and not (allow_other_build and c.name in BUILDS)]

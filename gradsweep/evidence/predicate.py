@@ -5,10 +5,12 @@ Typed so that report, diff and merge read exactly what sweep wrote.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gradsweep.evidence.paths import portable_path
 from gradsweep.evidence.provenance import Provenance
 from gradsweep.results import CellResult
 from gradsweep.tracked_reds import TrackedEntry
@@ -34,11 +36,18 @@ class ContractRef(_Strict):
 
 
 class ExtensionRef(_Strict):
-    """The built CUDA extension the workers imported (a per-machine build product)."""
+    """A built module the workers imported (a per-machine build product): the CUDA extension, the fold planner."""
 
-    path: str = Field(description="repository-relative path of gradsweep/_C*.so")
+    path: str = Field(description="repository-relative path of gradsweep/_C*.so or gradsweep/_fold_plan*.so")
     sha256: str
     build: dict[str, object] | None = Field(None, description="gradsweep._C.build_info(): nvcc flags, arch")
+
+    @classmethod
+    def of(cls, found: tuple[Path, str] | None, root: Path,
+           build: dict[str, object] | None = None) -> ExtensionRef | None:
+        """The record of a build found under ``root`` (``extension_digest`` / ``planner_digest``: path and
+        sha256), or None when none is built there."""
+        return None if found is None else cls(path=portable_path(found[0], root), sha256=found[1], build=build)
 
 
 class SourceRef(_Strict):
@@ -103,7 +112,8 @@ class Verdict(_Strict):
 
 class Predicate(_Strict):
     """Schema 2 adds the digests of every verdict input (contract, tracked reds, extension), reruns,
-    the loader and plugins; schema 1 evidence still reads, but ``verify`` calls it stale."""
+    the loader and plugins; schema 1 evidence still reads, but ``verify`` calls it stale. ``planner`` (optional,
+    schema 2) pins the compiled fold planner."""
 
     schema_version: Literal[1, 2] = 2
     generator: str
@@ -115,6 +125,8 @@ class Predicate(_Strict):
     tracked_file: str | None = None
     tracked_sha256: str | None = None
     extension: ExtensionRef | None = None
+    planner: ExtensionRef | None = Field(None, description="the compiled fold planner (gradsweep._fold_plan) the "
+                                         "run's folds planned with; None: numpy, or evidence from before it")
     tracked_entries: list[TrackedEntry] = Field(default_factory=list)
     stale_tracked: list[TrackedEntry] = Field(default_factory=list)
     cells: list[CellRecord]

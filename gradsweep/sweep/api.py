@@ -15,7 +15,7 @@ from securesystemslib.signer import CryptoSigner
 
 from gradsweep.errors import BadInput
 from gradsweep.evidence.envelope import seal, write_atomic
-from gradsweep.evidence.extension import extension_digest
+from gradsweep.evidence.extension import extension_digest, planner_digest
 from gradsweep.evidence.paths import portable_argv, portable_path
 from gradsweep.evidence.predicate import ExtensionRef, ManifestRef, Predicate, RunRecord, Selection, SourceRef
 from gradsweep.evidence.provenance import Provenance, collect_provenance
@@ -91,6 +91,7 @@ class SweepPlan:
     root: Path
     tracked_sha256: str | None
     extension: tuple[Path, str] | None
+    planner: tuple[Path, str] | None
 
     @property
     def remaining(self) -> list[CellKey]:
@@ -196,10 +197,11 @@ def prepare_sweep(opts: SweepOptions, say: Say) -> SweepPlan:
     root = (opts.tree or repo_root()).resolve()
     source = tree_digest(root)
     reruns = opts.reruns or info.reruns
-    ext = extension_digest(root)
+    ext, planner = extension_digest(root), planner_digest(root)
     header = {"manifest_sha256": info.sha256, "source_sha256": source.sha256, "cell_fn": opts.cell_fn,
               "loader": opts.loader, "contract_sha256": info.contract.sha256, "reruns": reruns,
-              "extension_sha256": ext[1] if ext else None, "cells_digest": cells_digest(cells),
+              "extension_sha256": ext[1] if ext else None, "planner_sha256": planner[1] if planner else None,
+              "cells_digest": cells_digest(cells),
               "started_at": now_utc()}
     partial = PartialLog(partial_path(out), header)
     kept, started = _resume(opts, partial, cells, say, header["started_at"])
@@ -216,7 +218,8 @@ def prepare_sweep(opts: SweepOptions, say: Say) -> SweepPlan:
                      signer=signer, tracked=tracked, tracked_path=tracked_path, source=source, partial=partial,
                      kept=kept, started_at=started, jobs=jobs, timeout_s=float(timeout), reruns=reruns,
                      gpus=gpus, placed=placed, root=root,
-                     tracked_sha256=file_sha256(tracked_path) if tracked_path else None, extension=ext)
+                     tracked_sha256=file_sha256(tracked_path) if tracked_path else None, extension=ext,
+                     planner=planner)
 
 
 def default_worker_count(devices: dict[str, str], placed: frozenset[str], cells: list[CellKey],
@@ -273,17 +276,9 @@ def write_evidence(out: Path, predicate: Predicate, signer: CryptoSigner) -> Pat
     return result_path
 
 
-def _extension_ref(root: Path, found: tuple[Path, str] | None, provenance: Provenance | None,
-                   ) -> ExtensionRef | None:
-    if found is None:
-        return None
-    path, digest = found
-    build = provenance.cuda_extension if provenance is not None else None
-    return ExtensionRef(path=portable_path(path, root), sha256=digest, build=build)
-
-
 def build_predicate(plan: SweepPlan, results: list[CellResult], runs: list[RunRecord]) -> Predicate:
     info, root = plan.info, plan.root
+    prov = runs[0].provenance if runs else None
     contract = info.contract.model_copy(update={
         "path": portable_path(info.contract_path, root) if info.contract_path else None})
     return assemble_predicate(
@@ -294,4 +289,5 @@ def build_predicate(plan: SweepPlan, results: list[CellResult], runs: list[RunRe
         selection=plan.selection, runs=runs, results=results, tracked=plan.tracked,
         tracked_file=portable_path(plan.tracked_path, root) if plan.tracked_path else None,
         tracked_sha256=plan.tracked_sha256,
-        extension=_extension_ref(root, plan.extension, runs[0].provenance if runs else None), strict=plan.opts.strict)
+        extension=ExtensionRef.of(plan.extension, root, prov.cuda_extension if prov is not None else None),
+        planner=ExtensionRef.of(plan.planner, root), strict=plan.opts.strict)

@@ -31,10 +31,10 @@ def generator_name() -> str:
 def assemble_predicate(*, manifest: ManifestRef, contract: ContractRef, source: SourceRef,
                        selection: Selection, runs: list[RunRecord], results: list[CellResult],
                        tracked: list[TrackedEntry], tracked_file: str | None, tracked_sha256: str | None,
-                       extension: ExtensionRef | None, strict: bool) -> Predicate:
+                       extension: ExtensionRef | None, strict: bool, planner: ExtensionRef | None = None) -> Predicate:
     records = mark(results, tracked)
     counts, stale = tally(records, tracked)
     return Predicate(generator=generator_name(), manifest=manifest, contract=contract, source=source,
                      selection=selection, runs=runs, tracked_file=tracked_file, tracked_sha256=tracked_sha256,
-                     extension=extension, tracked_entries=tracked,
+                     extension=extension, planner=planner, tracked_entries=tracked,
                      stale_tracked=stale, cells=records, tally=counts, verdict=verdict(counts, strict))

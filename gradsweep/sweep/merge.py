@@ -80,6 +80,8 @@ def merge_shards(paths: list[Path], trusted: list[TrustedSigner], signer: Signer
     _same(preds, "tracked reds", lambda p: (p.tracked_file, p.tracked_sha256, p.tracked_entries))
     _same(preds, "built extension (build it once and share it, or run shards without one)",
           lambda p: (p.extension.sha256 if p.extension else None))
+    _same(preds, "compiled fold planner (build it once and share it)",
+          lambda p: (p.planner.sha256 if p.planner else None))
     _same(preds, "evidence format", lambda p: p.schema_version)
     check_replace_evidence(out, preds[0][1].manifest.name, force)
     shards = _check_shards(preds)
@@ -103,6 +105,7 @@ def merge_shards(paths: list[Path], trusted: list[TrustedSigner], signer: Signer
     merged = assemble_predicate(manifest=first.manifest, contract=first.contract, source=first.source,
                                 selection=selection, runs=runs, results=results,
                                 tracked=first.tracked_entries, tracked_file=first.tracked_file,
-                                tracked_sha256=first.tracked_sha256, extension=first.extension, strict=strict)
+                                tracked_sha256=first.tracked_sha256, extension=first.extension,
+                                planner=first.planner, strict=strict)
     write_evidence(out, merged, signer)
     return merged

@@ -103,17 +103,24 @@ class Tuner:
         meta = self._meta(cfg, consts, k_even)
         self.launch(grid(meta), args if args is not None else args_for(meta), meta, cfg.num_warps, cfg.num_stages)
 
-    def memo(self, memo_key: tuple, key: tuple, grid: Callable, args: Callable[[], list], consts: dict,
-             scratch: int | None = None, k_even: int | None = None) -> None:
+    def memo(self, memo_key: tuple, key: tuple, grid: Callable, args: Callable[[], list] | None, consts: dict,
+             scratch: int | None = None, k_even: int | None = None,
+             args_for: Callable[[dict], list] | None = None) -> tuple | None:
         """``self(key, grid, args(), consts, ...)`` with the launch memoised (``FastLaunch.memo``) once the key's
         config is chosen: ``memo_key`` must determine ``args()`` exactly (every address, integer and dtype); the
-        tuning key and config are added to it here."""
+        tuning key and config are added to it here. ``args_for`` (instead of ``args``): the arguments for a config's
+        meta-parameters, as in ``__call__`` (descriptors whose boxes follow them); ``memo_key`` must then determine
+        them for every config. Returns the key the launch is memoised under (``self.launch.replay_all`` takes it),
+        None for the call that tuned (not memoised)."""
         cfg = self.best.get(key)
         if cfg is None:  # the first call of the key tunes: the ordinary path
-            self(key, grid, args(), consts, scratch, k_even)
-            return
+            self(key, grid, None if args is None else args(), consts, scratch, k_even, args_for)
+            return None
         meta = self._meta(cfg, consts, k_even)
-        self.launch.memo((memo_key, key), lambda: (grid(meta), args(), meta, cfg.num_warps, cfg.num_stages))
+        build = args if args is not None else (lambda: args_for(meta))
+        launch_key = (memo_key, key)
+        self.launch.memo(launch_key, lambda: (grid(meta), build(), meta, cfg.num_warps, cfg.num_stages))
+        return launch_key
 
     def chosen(self) -> dict[str, str]:
         """Chosen config per key (benchmark reports)."""

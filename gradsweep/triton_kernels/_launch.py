@@ -198,6 +198,22 @@ class FastLaunch:
             return
         direct(g, args, bound, _hooks_set(), device)
 
+    def replay_all(self, keys: tuple[tuple, ...]) -> bool:
+        """Launch the memoised launches of ``keys`` (``memo``'s keys), in order, and return True; or launch none and
+        return False where any of them is not memoised on the current device (never seen, or the memo was dropped),
+        launch hooks are set or there is no fast launch. All or none: a caller replaying a fold split over several
+        launches must never run part of it and then the whole of it again."""
+        if not FAST_LAUNCH or _hooks_set():
+            return False
+        device = _device()
+        hits = [self._memo.get((device, key)) for key in keys]
+        if not all(hits):
+            return False
+        stream = _raw_stream(device)
+        for direct, g, expanded in hits:
+            direct.launch(g[0], g[1], g[2], stream, *direct.head, *expanded, *direct.tail)
+        return True
+
     def memo(self, key: tuple, build: Callable[[], tuple[tuple[int, ...], list, dict, int, int]]) -> None:
         """Launch ``build()``'s ``(grid, args, consts, num_warps, num_stages)``, built only the first time ``key`` is
         seen on the current device: later calls with the key reuse the C launcher's whole argument list (bound,

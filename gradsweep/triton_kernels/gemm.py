@@ -503,10 +503,20 @@ def dw_fold_tiles(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_gr
     rows and xs / dys the staging rows (default: x / dy); main_grad may be a row slice. With ``host_desc`` (the
     same descriptors on the host, ``TileStep.host_desc``) a Hopper GPU folds by TMA (``_dw_tma_kernel``), one
     launch per stretch of tiles of one source (a launch loads and stores the FP32 accumulator exactly, so a fold
-    split between launches gives the bits of one; the gather kernel's bits, GPU test)."""
-    n, k = main_grad.shape
+    split between launches gives the bits of one; the gather kernel's bits, GPU test).
+
+    A fold of a replayed plan (its ``host_desc`` read-only, the plan cache's) from buffers it folded before is a
+    replay of the same memoised launches (``_DW_CALLS``): checks, stretches and keys are skipped, since every one of
+    them is a function of what the call key holds."""
     xs = x if xs is None else xs
     dys = dy if dys is None else dys
+    call_key = None
+    if host_desc is not None and not host_desc.flags.writeable and not INTERPRET:
+        call_key = (id(host_desc), *map(_call_part, (desc, x, dy, xs, dys, main_grad)))
+        hit = _DW_CALLS.get(call_key)
+        if hit is not None and hit[0] is host_desc and _DW_TMA.launch.replay_all(hit[1]):
+            return main_grad
+    n, k = main_grad.shape
     if main_grad.dtype != torch.float32 or main_grad.stride(1) != 1:
         raise ValueError("dw_fold: main_grad must be fp32 with contiguous rows")
     if x.shape[1] != k or dy.shape[1] != n or x.shape[0] != dy.shape[0]:
@@ -521,6 +531,7 @@ def dw_fold_tiles(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_gr
     bt = TILE
     if desc.dtype != torch.int32 or desc.device != x.device or not desc.is_contiguous():
         desc = desc.to(device=x.device, dtype=torch.int32).contiguous()
+        call_key = None  # the launches read a copy made for this call: nothing to replay
     args = [desc, x, dy, xs, dys, main_grad, loop_bound(n_tiles), n, k, x.stride(0), dy.stride(0),
             main_grad.stride(0)]
     if INTERPRET:
@@ -531,22 +542,47 @@ def dw_fold_tiles(desc: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_gr
 
     def grid(meta):
         return (cdiv(n, meta["BN"]) * cdiv(k, meta["BK"]),)
+    tkey = (n, k, bt, x.dtype, dy.dtype)  # the tuning key of both fold kernels
     if host_desc is None or not tma_rows_ok(x, dy, xs, dys):
-        _DW((n, k, bt, x.dtype, dy.dtype), grid, args, {"BT": bt}, scratch=5)
+        _DW(tkey, grid, args, {"BT": bt}, scratch=5)
         return main_grad
+    launched: list[tuple | None] = []  # the memo key of each stretch's launch (None: not memoised)
     for a, b, kind in stretches(host_desc, bt):  # each launch loads and stores the accumulator exactly
         part = desc[a:b]
         if kind == GATHER:
-            _DW((n, k, bt, x.dtype, dy.dtype), grid, [part, *args[1:6], loop_bound(b - a), *args[7:]], {"BT": bt},
-                scratch=5)
+            launched.append(None)
+            _DW(tkey, grid, [part, *args[1:6], loop_bound(b - a), *args[7:]], {"BT": bt}, scratch=5)
             continue
         src_x, src_dy = (xs, dys) if kind == TMA_STAGED else (x, dy)
 
-        def tma_args(meta, src_x=src_x, src_dy=src_dy, part=part, tiles=b - a, flag=int(kind == TMA_STAGED)):
+        flag = int(kind == TMA_STAGED)
+
+        def tma_args(meta, src_x=src_x, src_dy=src_dy, part=part, tiles=b - a, flag=flag):
             return [part, _window(src_dy, meta["BN"]), _window(src_x, meta["BK"]), main_grad, loop_bound(tiles), n, k,
                     main_grad.stride(0), flag]
-        _DW_TMA((n, k, bt, x.dtype, dy.dtype), grid, None, {"BT": bt}, scratch=3, args_for=tma_args)
+        # memoised on what the arguments are made of (n, k and the dtypes are in the tuning key): a step that folds
+        # the same replayed plan from the same buffers again skips building, binding and expanding two descriptors
+        memo_key = (part.data_ptr(), b - a, flag, src_dy.data_ptr(), src_dy.shape[0], src_dy.stride(0), src_dy.dtype,
+                    src_x.data_ptr(), src_x.shape[0], src_x.stride(0), src_x.dtype, main_grad.data_ptr(),
+                    main_grad.stride(0))
+        launched.append(_DW_TMA.memo(memo_key, tkey, grid, None, {"BT": bt}, scratch=3, args_for=tma_args))
+    if call_key is not None and None not in launched:  # every stretch memoised: the whole call replays
+        if len(_DW_CALLS) >= _DW_CALLS_MAX:
+            _DW_CALLS.clear()
+        _DW_CALLS[call_key] = (host_desc, tuple(launched))  # host_desc kept: its id is in the key
     return main_grad
+
+
+# Whole dW fold calls already launched through the memo: call key -> (host_desc, FastLaunch.memo keys of its
+# stretches, in order). The key is everything the checks, the stretches and the launches read: the plan's host
+# descriptors by identity (read-only, kept alive here so the id cannot be reused), and the address, shape, strides
+# and dtype of every tensor (the device follows the address). Replayed all or none (``FastLaunch.replay_all``).
+_DW_CALLS: dict[tuple, tuple[np.ndarray, tuple[tuple, ...]]] = {}
+_DW_CALLS_MAX = 1024
+
+
+def _call_part(t: torch.Tensor) -> tuple:
+    return t.data_ptr(), t.shape, t.stride(), t.dtype
 
 
 TMA_ROWS, TMA_STAGED, GATHER = 0, 1, 2  # how a stretch of tiles is read (``stretches``)
