@@ -1,5 +1,5 @@
 """Shared test helpers: small manifests written to a temp dir; the refusals both attention APIs share; a script run
-in a clean process with compiled kernels (the GPU tests)."""
+in a clean process with compiled kernels (the GPU tests); a real kernel's candidate with a planted defect."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import yaml
 from gradsweep import canonical
 from gradsweep.canonical import RowIdentity
 from gradsweep.manifest import MANIFEST_DIR, load_manifest
+from gradsweep.ops.base import CallContext, CallOutput, Candidate
+from gradsweep.ops.registry import get_op
 from tests.fakes.helpers import REPO
 
 
@@ -106,3 +108,13 @@ def seeing_fold_uploads(see: Callable[[np.ndarray], None]) -> Iterator[None]:
         yield
     finally:
         canonical.upload, canonical.upload_parts = real, real_parts
+
+
+def planted_candidate(op: str, impl: str, run: Callable[[Candidate, CallContext], CallOutput],
+                      name: str | None = None) -> Candidate:
+    """The real candidate ``impl`` of ``op`` with its run replaced by ``run(real, ctx)``: a planted defect (or a spy)
+    keeps the real kernel's family, parameter gradients and fold tiles, so the harness judges it as it judges the
+    real one and only the planted behaviour differs."""
+    real = get_op(op).candidates[impl]
+    return Candidate(name or f"{impl}_planted", real.family, lambda ctx: run(real, ctx),
+                     param_grads=real.param_grads, fold_tiles=real.fold_tiles)

@@ -17,7 +17,7 @@ from gradsweep.ops.base import CallContext, Candidate
 from gradsweep.ops.registry import get_op
 from gradsweep.results import Status
 from tests import planted_ops
-from tests.helpers import LENGTHS
+from tests.helpers import LENGTHS, planted_candidate
 
 
 def _reds(report) -> set[str]:
@@ -141,15 +141,13 @@ def test_every_declared_layout_of_every_op_differs_physically_from_the_reference
 
 def _wrapped(op: str, impl: str, tamper) -> Candidate:
     """A real kernel candidate whose folds are tampered with: ``tamper(fold, outputs)`` on every call."""
-    real = get_op(op).candidates[impl]
-
-    def run(ctx: CallContext):
+    def run(real: Candidate, ctx: CallContext):
         out = real.run(ctx)
         for fold in ctx.folds.values():
             tamper(fold, list(out.tensors.values()))
         return out
 
-    return Candidate(f"{impl}_planted", real.family, run, param_grads=real.param_grads, fold_tiles=real.fold_tiles)
+    return planted_candidate(op, impl, run)
 
 
 def _round_accumulator_to_bf16(fold, outputs) -> None:

@@ -17,8 +17,8 @@ from gradsweep.harness.kernel_check import check_kernel
 from gradsweep.layouts import build_calls
 from gradsweep.manifest import DEFAULT_MANIFEST, load_manifest
 from gradsweep.ops.base import CallContext, CallOutput, Candidate
-from gradsweep.ops.registry import get_op
 from gradsweep.results import Status
+from tests.helpers import planted_candidate
 
 OP, IMPL = "rms_norm", "triton.rms_norm"
 LAYOUTS = ["bn_full", "bn_chunked", "b1_singleton"]
@@ -26,13 +26,11 @@ LAYOUTS = ["bn_full", "bn_chunked", "b1_singleton"]
 
 def _wrapped(tamper) -> Candidate:
     """The real Triton rms_norm with ``tamper(ctx, out)`` applied to every call (``out``: its CallOutput)."""
-    real = get_op(OP).candidates[IMPL]
-
-    def run(ctx: CallContext) -> CallOutput:
+    def run(real: Candidate, ctx: CallContext) -> CallOutput:
         out = real.run(ctx)
         return tamper(ctx, out) or out
 
-    return Candidate(f"{IMPL}_planted", real.family, run, param_grads=real.param_grads, fold_tiles=real.fold_tiles)
+    return planted_candidate(OP, IMPL, run)
 
 
 def _input_holds_its_gradient(ctx: CallContext, out: CallOutput) -> None:

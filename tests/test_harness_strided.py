@@ -20,6 +20,7 @@ from gradsweep.ops.base import CallContext, CallOutput, Candidate
 from gradsweep.ops.registry import get_op
 from gradsweep.results import Status
 from gradsweep.workload import Workload
+from tests.helpers import planted_candidate
 
 OP, IMPL = "rms_norm", "triton.rms_norm"
 LAYOUTS = ["bn_full", "bn_chunked", "bn_padded_left", "bn_strided"]
@@ -78,13 +79,11 @@ def test_the_operator_receives_strided_inputs_and_upstream_gradients():
 
 def test_parameters_and_main_grads_sit_at_an_offset_on_bn_strided_only():
     seen = {}
-    real = get_op(OP).candidates[IMPL]
-
-    def run(ctx: CallContext) -> CallOutput:
+    def run(real: Candidate, ctx: CallContext) -> CallOutput:
         seen[ctx.call.strided] = (ctx.params["weight"], ctx.fold("weight").main_grad)
         return real.run(ctx)
 
-    spy = Candidate("triton.spy", real.family, run, param_grads=real.param_grads, fold_tiles=real.fold_tiles)
+    spy = planted_candidate(OP, IMPL, run, name="triton.spy")
     assert check_kernel(OP, spy, layouts=["bn_full", "bn_strided"]).ok
     for t in seen[True]:
         assert t.is_contiguous() and t.storage_offset() == STRIDE_GAP
@@ -94,15 +93,13 @@ def test_parameters_and_main_grads_sit_at_an_offset_on_bn_strided_only():
 def _wrapped(reinterpret, name: str = "x") -> Candidate:
     """The real Triton rms_norm fed ``reinterpret(t)`` for its input (or parameter) ``name``: the memory a
     defective kernel would read there."""
-    real = get_op(OP).candidates[IMPL]
-
-    def run(ctx: CallContext) -> CallOutput:
+    def run(real: Candidate, ctx: CallContext) -> CallOutput:
         inputs, params = dict(ctx.inputs), dict(ctx.params)
         where = inputs if name in inputs else params
         where[name] = reinterpret(where[name])
         return real.run(CallContext(ctx.call, inputs, params, ctx.folds, ctx.state, ctx.shape, ctx.lengths))
 
-    return Candidate(f"{IMPL}_planted", real.family, run, param_grads=real.param_grads, fold_tiles=real.fold_tiles)
+    return planted_candidate(OP, IMPL, run)
 
 
 def _rows_assumed_contiguous(x: torch.Tensor) -> torch.Tensor:
