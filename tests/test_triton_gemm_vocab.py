@@ -348,9 +348,16 @@ for n, k, rows in ((4096, 4096, 3000), (1000, 1032, 700)):
     ro = host.copy()
     ro.setflags(write=False)
     acc = mg.clone()
+    replays = []
+    real_replay = gemm._DW_TMA.launch.replay_all
+    def counted(keys):
+        replays.append(real_replay(keys))
+        return replays[-1]
+    gemm._DW_TMA.launch.replay_all = counted
     for r in range(3):
         acc.copy_(mg)
         outs["tma replay", r] = gemm.dw_fold_tiles(desc, x, dy, acc, xs, dys, ro).clone()
+    assert any(replays), (n, k, "the replayed plan was never replayed", replays)
     ref = outs["gather", 0]
     assert torch.isfinite(ref).all() and not torch.equal(ref, mg)
     for key, out in outs.items():
