@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One closeout device call with its set-up, for `run`: [KEY=.keys/K.pem] [PRETEST=1] [BUDGET=s] bash scripts/closeout_call.sh STATE [closeout args...]
+# One closeout device call with its set-up, for `run`:
+#   KEY=.keys/K.pem [PRETEST=1 [REVERT="a.patch b.patch ..."]] [BUDGET=s] bash scripts/closeout_call.sh STATE [closeout args...]
 # (installs .whl, puts the carried _C / _fold_plan in place; PRETEST=1 first runs the dW fold GPU test and, if it
-# fails, reverses the patches in .devtmp/wip/ before the sweep; then scripts/h200_closeout.sh with OUT=$OUT)
+# fails, reverses the REVERT patches (given in the order they were applied) before the sweep, so that unproven
+# patches never reach signed evidence; then scripts/h200_closeout.sh with OUT=$OUT)
 set -u
 : "${KEY:?KEY=the signing key (.pem)}"
 t0=$(date +%s)
@@ -10,13 +12,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $
 cp "$1"/_C.cpython-*.so "$1"/_fold_plan.cpython-*.so gradsweep/
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv,noheader
 if [ "${PRETEST:-0}" = 1 ]; then
-  timeout -k 5 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton_gemm_vocab.py tests/test_triton_launch.py -k "dw_tma_fold" > $OUT/gputest.txt 2>&1; rc=$?
+  timeout -k 5 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton_gemm_vocab.py -k "dw_tma_fold" > $OUT/gputest.txt 2>&1; rc=$?
   echo "gputest rc=$rc $(( $(date +%s)-t0 )) s" | tee -a $OUT/gputest.txt; tail -4 $OUT/gputest.txt
-  if [ $rc != 0 ]; then
-    for p in triton-dw-call-replay bench-autograd-floor evidence-pins-planner fold-plan-planner-recorded triton-dw-memo; do
-      patch -R -p1 -s < .devtmp/wip/$p.patch; done; echo REVERTED | tee -a $OUT/gputest.txt
+  if [ $rc != 0 ] && [ -n "${REVERT:-}" ]; then
+    for p in $(printf '%s\n' $REVERT | tac); do patch -R -p1 -s < "$p"; done
+    echo "REVERTED: $REVERT" | tee -a $OUT/gputest.txt
   fi
 fi
 dl=$(( ${BUDGET:-585} - ($(date +%s) - t0) ))
-bash scripts/h200_closeout.sh "$1" $OUT "${KEY:?KEY=the signing key}" --deadline $dl "${@:2}" > $OUT/closeout.txt 2>&1
+bash scripts/h200_closeout.sh "$1" $OUT "$KEY" --deadline $dl "${@:2}" > $OUT/closeout.txt 2>&1
 tail -c 6000 $OUT/closeout.txt

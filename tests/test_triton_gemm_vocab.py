@@ -314,6 +314,12 @@ def bits(a):
     return a.view(torch.int32)
 def pinned(i):  # one configuration for both kernels: the comparison is kernel against kernel
     return lambda key: [gemm.dw_configs(key)[i]]
+replays = []  # what each whole-call replay attempt returned (the replay case below must replay)
+real_replay = gemm._DW_TMA.launch.replay_all
+def counted(keys):
+    replays.append(real_replay(keys))
+    return replays[-1]
+gemm._DW_TMA.launch.replay_all = counted
 for n, k, rows in ((4096, 4096, 3000), (1000, 1032, 700)):
     x, dy = torch.randn(rows, k, generator=g).bfloat16(), torch.randn(rows, n, generator=g).bfloat16()
     xs, dys = torch.randn(4 * T, k, generator=g).bfloat16(), torch.randn(4 * T, n, generator=g).bfloat16()
@@ -348,12 +354,7 @@ for n, k, rows in ((4096, 4096, 3000), (1000, 1032, 700)):
     ro = host.copy()
     ro.setflags(write=False)
     acc = mg.clone()
-    replays = []
-    real_replay = gemm._DW_TMA.launch.replay_all
-    def counted(keys):
-        replays.append(real_replay(keys))
-        return replays[-1]
-    gemm._DW_TMA.launch.replay_all = counted
+    replays.clear()
     for r in range(3):
         acc.copy_(mg)
         outs["tma replay", r] = gemm.dw_fold_tiles(desc, x, dy, acc, xs, dys, ro).clone()
