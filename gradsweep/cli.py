@@ -22,6 +22,7 @@ from gradsweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
 from gradsweep.sweep.tally import EXIT_FAIL, EXIT_USAGE
 
 EXIT_STALE = 4
+EXIT_VERDICT = 5
 EXIT_INTERRUPTED = 130
 WIDE = 10_000  # a console that is not a terminal never truncates a table
 
@@ -32,7 +33,8 @@ Exit codes of sweep, merge and check: 0 every non-skipped cell green or blocked 
 blocked or skipped); 130 interrupted (partial results kept for --resume).
 verify: 0 valid and fresh; 1 bad signature, untrusted key or malformed evidence; 2 bad usage;
 4 valid but stale: an input of the verdicts (source tree, manifest, contract, tracked reds, built
-extension, compiled fold planner) differs from this checkout (0 with --allow-stale).
+extension, compiled fold planner) differs from this checkout (0 with --allow-stale); 5 with --require-pass:
+valid, but the sweep's own verdict was not PASS (its exit code was not 0).
 report and diff: 1 when the evidence does not verify (unless --allow-unverified); diff: 1 on a regression
 or lost coverage. bench: 0 it ran (targets met or missed); 1 a check failed or a case raised; 2 bad usage or
 input; 3 no CUDA GPU without --quick. Any command: 1 on an unexpected internal error (one line;
@@ -341,6 +343,9 @@ def verify(
                                     "machine that built its own gradsweep/_C and gradsweep/_fold_plan); sources "
                                     "are still compared")] = False,
     tree: TreeOpt = None,
+    require_pass: Annotated[bool, typer.Option(
+        "--require-pass", help="also exit 5 when the sweep evidence's own verdict is not PASS (a release script "
+                               "that must refuse a signed FAIL; verify alone judges trust, not the verdict)")] = False,
 ) -> None:
     """Check the signature, the signer and freshness.
 
@@ -358,6 +363,8 @@ def verify(
     from gradsweep.drift.evidence import is_drift_evidence
 
     if is_drift_evidence(evidence):
+        if require_pass:
+            _require_pass("drift", None)
         _verify_drift(evidence, signers, tree, allow_stale)
         return
     try:
@@ -393,8 +400,21 @@ def verify(
         hint = "; on another machine with its own build, --allow-other-build accepts the builds only" \
             if all(c.name in BUILDS for c in stale) else f"; rerun the {result.kind.replace('closeout', 'sweep')}"
         say("STALE: " + "; ".join(c.line() for c in stale) + hint)
-        raise typer.Exit(0 if allow_stale else EXIT_STALE)
-    console.print("fresh: every input of the verdicts matches this checkout", markup=False)
+        if not allow_stale:
+            raise typer.Exit(EXIT_STALE)
+    else:
+        console.print("fresh: every input of the verdicts matches this checkout", markup=False)
+    if require_pass:
+        _require_pass(result.kind, pred)
+
+
+def _require_pass(kind: str, pred: Any) -> None:
+    """``verify --require-pass``: exit 5 unless sweep evidence records the exit code 0 (PASS)."""
+    if kind != "closeout":
+        fail(f"--require-pass: {kind} evidence has no sweep verdict; drop --require-pass for it", EXIT_USAGE)
+    if pred.verdict.exit_code != 0:
+        say(f"VERDICT NOT PASS: the sweep exited {pred.verdict.exit_code}: {pred.verdict.summary}")
+        raise typer.Exit(EXIT_VERDICT)
 
 
 def _verify_drift(evidence: Path, signers: list, tree: Path | None, allow_stale: bool) -> None:

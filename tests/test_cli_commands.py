@@ -73,6 +73,14 @@ def test_sweep_verify_report_diff(env: dict[str, Path]) -> None:
     assert "b/p2/x: blocked_hardware -> error" in diff.stdout and "FIXED" in diff.stdout
     assert runner.invoke(app, ["diff", "old.json", "old.json", *trust]).exit_code == 0
 
+    # verify judges trust; --require-pass also refuses a signed FAIL (exit 5), and passes a signed PASS
+    failed = runner.invoke(app, ["verify", "new.json", "--allow-stale", *trust])
+    assert failed.exit_code == 0, failed.stderr
+    refused = runner.invoke(app, ["verify", "new.json", "--allow-stale", "--require-pass", *trust])
+    assert refused.exit_code == 5 and "VERDICT NOT PASS: the sweep exited 1" in refused.stderr
+    passed = runner.invoke(app, ["verify", "old.json", "--allow-stale", "--require-pass", *trust])
+    assert passed.exit_code == 0, passed.stderr
+
 
 def test_shards_merge_via_cli(env: dict[str, Path]) -> None:
     manifest = write_manifest(env["dir"], {"a/p1/y": "red"})
