@@ -50,7 +50,7 @@ _THEN = re.compile(r"\b(?:was|were)\b[^;)]*")  # "(... was 1.37x / 1.42x)": a fi
 
 def _readme_perf_rows() -> list[str]:
     text = (REPO / "README.md").read_text()
-    section = text[text.index("## Performance on the H200"):]
+    section = text[text.index("## Performance"):]
     section = section[:section.index("\n## ", 5)]
     return [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| case")]
 
@@ -77,7 +77,7 @@ def _evidence_figures() -> dict[tuple[str, str], set[str]]:
 
 
 def test_readme_performance_figures_come_from_the_evidence() -> None:
-    """Each figure in a row of the README's H200 table is one the committed evidence reports for that row's op in
+    """Each figure in a row of the README's performance table is one the committed evidence reports for that row's op in
     that column's family (Triton, CUDA), except the earlier runs' figures the row marks with "was" / "were": a
     mistyped, invented or misplaced figure fails here. Every row must name its op."""
     figures = _evidence_figures()
