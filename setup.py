@@ -54,6 +54,20 @@ NVCC_SM90A_FLAGS = ["-O3", "-std=c++17", "-fmad=false", "--expt-relaxed-constexp
                     "-gencode=arch=compute_90a,code=sm_90a"]
 CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall"]
 SM90_SUFFIX = "_sm90.cu"
+# A reproducible build: the same sources and toolchain give the same bytes wherever the tree, the build directory
+# and the headers live. nvcc names its intermediate host file after its process id (tmpxft_<pid>_...), which lands
+# in the object's local symbols, so the link strips the symbol table (the module's exports are dynamic symbols);
+# header paths in assert messages are mapped to fixed names, and cudafe++ is told each source's path inside the
+# tree (it hashes that path into anonymous-namespace names, device code's included).
+LINK_STRIP = "-s"
+
+
+def prefix_maps(dirs: dict[str, str | Path | None]) -> list[str]:
+    """``-ffile-prefix-map`` flags naming each directory by a fixed label (``__FILE__`` in the build's asserts).
+    The tree comes first: where maps overlap (headers in a virtualenv inside the tree) the compiler takes the
+    last match, so the header directories win."""
+    order = ["gradsweep", *sorted(k for k in dirs if k != "gradsweep")]
+    return [f"-ffile-prefix-map={dirs[label]}={label}" for label in order if dirs.get(label)]
 
 
 def cutlass_include() -> Path | None:
@@ -142,7 +156,10 @@ class NvccBuildExt(build_ext):
             import pybind11
 
             ext.include_dirs = [pybind11.get_include(), *ext.include_dirs]
-            ext.extra_compile_args = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall"]
+            maps = prefix_maps({"gradsweep": ROOT, "pybind11": pybind11.get_include(),
+                                "python": sysconfig.get_paths()["include"]})
+            ext.extra_compile_args = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", *maps]
+            ext.extra_link_args = [LINK_STRIP]
             ext.language = "c++"
             super().build_extension(ext)
         except Exception as exc:  # the numpy planner gives the same plans: never fail the install for this
@@ -164,6 +181,9 @@ class NvccBuildExt(build_ext):
             warnings.warn("gradsweep: nvidia-cutlass headers not found: building without the Hopper GEMMs "
                           "(pip install nvidia-cutlass==4.2.0.0)", stacklevel=1)
         defines = [] if cutlass is not None else ["-DGS_NO_SM90_GEMM"]
+        maps = prefix_maps({"gradsweep": ROOT, "pybind11": pybind11.get_include(), "python": py_inc,
+                            "cutlass": cutlass})
+        host_maps = [flag for m in maps for flag in ("-Xcompiler", m)]
         flags_str = " ".join(NVCC_FLAGS + defines)
         jobs: list[list[str]] = []
         objects: list[str] = []
@@ -172,14 +192,18 @@ class NvccBuildExt(build_ext):
                 continue
             obj = str(tmp / (Path(src).name + ".o"))
             objects.append(obj)
+            # cudafe++ names anonymous namespaces (device symbols too) after a hash of the source's absolute path:
+            # given the path inside the tree, a build elsewhere names them alike
+            if src.endswith(".cu"):
+                host_maps_src = [*host_maps, "-Xcudafe", f"--orig_src_path_name={Path(src).relative_to(ROOT)}"]
             if src.endswith(SM90_SUFFIX):
-                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_SM90A_FLAGS, "-Xcompiler", "-fPIC",
+                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_SM90A_FLAGS, "-Xcompiler", "-fPIC", *host_maps_src,
                              f"-I{CSRC}", f"-I{cutlass}"])
             elif src.endswith(".cu"):
-                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_FLAGS, *defines, "-Xcompiler", "-fPIC",
+                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_FLAGS, *defines, "-Xcompiler", "-fPIC", *host_maps_src,
                              f"-I{CSRC}"])
             else:
-                jobs.append([cxx, "-c", src, "-o", obj, *CXX_FLAGS, *defines, f"-I{CSRC}",
+                jobs.append([cxx, "-c", src, "-o", obj, *CXX_FLAGS, *maps, *defines, f"-I{CSRC}",
                              f"-I{pybind11.get_include()}", f"-I{py_inc}",
                              f'-DGS_BUILD_FLAGS="{flags_str}"'])
         workers = max(1, min(len(jobs), os.cpu_count() or 1))
@@ -191,10 +215,10 @@ class NvccBuildExt(build_ext):
         out = Path(self.get_ext_fullpath(ext.name))
         out.parent.mkdir(parents=True, exist_ok=True)
         if libdir is not None:
-            link = [cxx, "-shared", "-o", str(out), *objects, f"-L{libdir}", "-lcudart_static",
+            link = [cxx, "-shared", LINK_STRIP, "-o", str(out), *objects, f"-L{libdir}", "-lcudart_static",
                     "-lrt", "-lpthread", "-ldl", "-Wl,--exclude-libs,ALL"]
         else:  # nvcc knows where its own runtime lives
-            link = [nvcc, "-shared", "-cudart", "static", "-o", str(out), *objects]
+            link = [nvcc, "-shared", "-cudart", "static", "-Xlinker", "--strip-all", "-o", str(out), *objects]
         res = self._run(link)
         if res.returncode != 0:
             raise RuntimeError(f"gradsweep: link failed: {' '.join(link)}\n{res.stdout}{res.stderr}")

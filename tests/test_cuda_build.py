@@ -67,6 +67,8 @@ def test_nvcc_build_and_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         with pytest.raises(ValueError, match=says):
             ext.gemm_dw_fold(**{**fold_args, field: bad})
 
+    _same_bytes_as_the_installed_build(tmp_path / "lib")
+
     monkeypatch.setitem(sys.modules, "gradsweep._C", ext)
     ok, why = runtime.cuda_status()
     if torch.cuda.is_available():
@@ -79,6 +81,44 @@ def test_nvcc_build_and_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             runtime.require()
         with pytest.raises(RuntimeError, match=r"gradsweep\._C\.device_info"):
             ext.device_info(0)
+
+
+def _inputs_mtime() -> float:
+    """The newest input of a build: csrc/ and setup.py."""
+    return max(p.stat().st_mtime for p in [ROOT / "setup.py", *(ROOT / "csrc").rglob("*")] if p.is_file())
+
+
+def _same_bytes_as_the_installed_build(lib_dir: Path) -> None:
+    """A reproducible build (setup.py's LINK_STRIP, prefix maps, cudafe++'s source path): this fresh build, made
+    in another build directory, has the bytes of the checkout's own build of the same inputs (CI: setup.sh's
+    editable install, minutes earlier). That is what lets ``gradsweep verify`` compare a re-verifier's build with
+    the evidence's without ``--allow-other-build`` when the toolchain is the same. Skipped where the checkout's
+    build is older than its inputs (a developer's stale build)."""
+    import hashlib
+
+    for name in ("_C", "_fold_plan"):
+        fresh = sorted(lib_dir.glob(f"gradsweep/{name}.cpython-*.so"))
+        installed = sorted((ROOT / "gradsweep").glob(fresh[0].name)) if fresh else []
+        if not fresh or not installed or installed[0].stat().st_mtime < _inputs_mtime():
+            continue
+        digests = [hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in (fresh[0], installed[0])]
+        assert digests[0] == digests[1], (f"{name}: two builds of the same inputs differ ({digests[0]} in "
+                                          f"{fresh[0].parent}, {digests[1]} in the checkout): the build is not "
+                                          "reproducible (setup.py)")
+
+
+def test_the_reproducibility_check_can_fail(tmp_path: Path) -> None:
+    """Planted: a "fresh build" one byte off the checkout's own is refused (the check above is not vacuous)."""
+    installed = sorted((ROOT / "gradsweep").glob("_C.cpython-*.so"))
+    if not installed or installed[0].stat().st_mtime < _inputs_mtime():
+        pytest.skip("no build of these inputs in the checkout")
+    fake = tmp_path / "gradsweep" / installed[0].name
+    fake.parent.mkdir()
+    fake.write_bytes(installed[0].read_bytes() + b"\0")
+    with pytest.raises(AssertionError, match="not reproducible"):
+        _same_bytes_as_the_installed_build(tmp_path)
+    fake.write_bytes(installed[0].read_bytes())
+    _same_bytes_as_the_installed_build(tmp_path)
 
 
 def test_status_reports_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
