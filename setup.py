@@ -194,13 +194,13 @@ class NvccBuildExt(build_ext):
             objects.append(obj)
             # cudafe++ names anonymous namespaces (device symbols too) after a hash of the source's absolute path:
             # given the path inside the tree, a build elsewhere names them alike
-            if src.endswith(".cu"):
-                host_maps_src = [*host_maps, "-Xcudafe", f"--orig_src_path_name={Path(src).relative_to(ROOT)}"]
+            in_tree = ["-Xcudafe", f"--orig_src_path_name={Path(src).relative_to(ROOT)}"]
             if src.endswith(SM90_SUFFIX):
-                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_SM90A_FLAGS, "-Xcompiler", "-fPIC", *host_maps_src,
+                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_SM90A_FLAGS, "-Xcompiler", "-fPIC", *host_maps, *in_tree,
                              f"-I{CSRC}", f"-I{cutlass}"])
             elif src.endswith(".cu"):
-                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_FLAGS, *defines, "-Xcompiler", "-fPIC", *host_maps_src,
+                jobs.append([nvcc, "-c", src, "-o", obj, *NVCC_FLAGS, *defines, "-Xcompiler", "-fPIC", *host_maps,
+                             *in_tree,
                              f"-I{CSRC}"])
             else:
                 jobs.append([cxx, "-c", src, "-o", obj, *CXX_FLAGS, *maps, *defines, f"-I{CSRC}",
