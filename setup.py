@@ -62,12 +62,15 @@ SM90_SUFFIX = "_sm90.cu"
 LINK_STRIP = "-s"
 
 
-def prefix_maps(dirs: dict[str, str | Path | None]) -> list[str]:
-    """``-ffile-prefix-map`` flags naming each directory by a fixed label (``__FILE__`` in the build's asserts).
-    The tree comes first: where maps overlap (headers in a virtualenv inside the tree) the compiler takes the
-    last match, so the header directories win."""
-    order = ["gradsweep", *sorted(k for k in dirs if k != "gradsweep")]
-    return [f"-ffile-prefix-map={dirs[label]}={label}" for label in order if dirs.get(label)]
+def prefix_maps(cutlass: Path | None = None) -> list[str]:
+    """``-ffile-prefix-map`` flags naming the tree and the header directories (pybind11, Python, CUTLASS when
+    given) by fixed labels (``__FILE__`` in the build's asserts). The tree comes first: where maps overlap
+    (headers in a virtualenv inside the tree) the compiler takes the last match, so the header directories win."""
+    import pybind11
+
+    dirs = {"gradsweep": ROOT, "cutlass": cutlass, "pybind11": pybind11.get_include(),
+            "python": sysconfig.get_paths()["include"]}
+    return [f"-ffile-prefix-map={d}={label}" for label, d in dirs.items() if d]
 
 
 def cutlass_include() -> Path | None:
@@ -156,9 +159,7 @@ class NvccBuildExt(build_ext):
             import pybind11
 
             ext.include_dirs = [pybind11.get_include(), *ext.include_dirs]
-            maps = prefix_maps({"gradsweep": ROOT, "pybind11": pybind11.get_include(),
-                                "python": sysconfig.get_paths()["include"]})
-            ext.extra_compile_args = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", *maps]
+            ext.extra_compile_args = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", *prefix_maps()]
             ext.extra_link_args = [LINK_STRIP]
             ext.language = "c++"
             super().build_extension(ext)
@@ -181,8 +182,7 @@ class NvccBuildExt(build_ext):
             warnings.warn("gradsweep: nvidia-cutlass headers not found: building without the Hopper GEMMs "
                           "(pip install nvidia-cutlass==4.2.0.0)", stacklevel=1)
         defines = [] if cutlass is not None else ["-DGS_NO_SM90_GEMM"]
-        maps = prefix_maps({"gradsweep": ROOT, "pybind11": pybind11.get_include(), "python": py_inc,
-                            "cutlass": cutlass})
+        maps = prefix_maps(cutlass)
         host_maps = [flag for m in maps for flag in ("-Xcompiler", m)]
         flags_str = " ".join(NVCC_FLAGS + defines)
         jobs: list[list[str]] = []

@@ -96,10 +96,11 @@ def _same_bytes_as_the_installed_build(lib_dir: Path) -> None:
     build is older than its inputs (a developer's stale build)."""
     import hashlib
 
+    newest_input = _inputs_mtime()
     for name in ("_C", "_fold_plan"):
         fresh = sorted(lib_dir.glob(f"gradsweep/{name}.cpython-*.so"))
         installed = sorted((ROOT / "gradsweep").glob(fresh[0].name)) if fresh else []
-        if not fresh or not installed or installed[0].stat().st_mtime < _inputs_mtime():
+        if not fresh or not installed or installed[0].stat().st_mtime < newest_input:
             continue
         digests = [hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in (fresh[0], installed[0])]
         assert digests[0] == digests[1], (f"{name}: two builds of the same inputs differ ({digests[0]} in "
