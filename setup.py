@@ -73,6 +73,34 @@ def prefix_maps(cutlass: Path | None = None) -> list[str]:
     return [f"-ffile-prefix-map={d}={label}" for label, d in dirs.items() if d]
 
 
+def _first_line(cmd: list[str], pick: str = "") -> str:
+    """The first output line of ``cmd`` containing ``pick`` ("" when the command fails)."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return next((line.strip() for line in out.splitlines() if pick in line), "")
+
+
+def toolchain(nvcc: str, cxx: str, cutlass: Path | None) -> str:
+    """What a re-verifier needs to rebuild these bytes (the build is reproducible for one toolchain): nvcc's and
+    the host compiler's versions, Python's, pybind11's and the CUTLASS headers' package (``build_info()``)."""
+    from importlib import metadata
+
+    import pybind11
+
+    def pkg(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    nv = _first_line([nvcc, "--version"], "release").split(", ")[-1]
+    return "; ".join([f"nvcc {nv or '?'}", f"host {_first_line([cxx, '--version']) or cxx}",
+                      f"python {sys.version.split()[0]}", f"pybind11 {pybind11.__version__}",
+                      f"nvidia-cutlass {pkg('nvidia-cutlass') if cutlass is not None else 'none'}"])
+
+
 def cutlass_include() -> Path | None:
     """The CUTLASS / CuTe include directory of the installed ``nvidia-cutlass`` package (None when absent)."""
     override = os.environ.get("GRADSWEEP_CUTLASS_INCLUDE")
@@ -185,6 +213,7 @@ class NvccBuildExt(build_ext):
         maps = prefix_maps(cutlass)
         host_maps = [flag for m in maps for flag in ("-Xcompiler", m)]
         flags_str = " ".join(NVCC_FLAGS + defines)
+        tools = toolchain(nvcc, cxx, cutlass)
         jobs: list[list[str]] = []
         objects: list[str] = []
         for src in (str(ROOT / s) for s in ext.sources):
@@ -205,7 +234,7 @@ class NvccBuildExt(build_ext):
             else:
                 jobs.append([cxx, "-c", src, "-o", obj, *CXX_FLAGS, *maps, *defines, f"-I{CSRC}",
                              f"-I{pybind11.get_include()}", f"-I{py_inc}",
-                             f'-DGS_BUILD_FLAGS="{flags_str}"'])
+                             f'-DGS_BUILD_FLAGS="{flags_str}"', f'-DGS_TOOLCHAIN="{tools}"'])
         workers = max(1, min(len(jobs), os.cpu_count() or 1))
         with ThreadPoolExecutor(workers) as pool:
             for cmd, res in zip(jobs, pool.map(self._run, jobs)):

@@ -59,6 +59,9 @@ PYBIND11_MODULE(_C, m) {
 #ifdef GS_BUILD_FLAGS
     d["nvcc_flags"] = GS_BUILD_FLAGS;
 #endif
+#ifdef GS_TOOLCHAIN
+    d["toolchain"] = GS_TOOLCHAIN;  // what rebuilds these bytes (setup.py: the build is reproducible per toolchain)
+#endif
     d["cudart"] = "static";
     d["sm90_gemm"] = gs::sm90_gemm_built();
     return d;

@@ -53,6 +53,9 @@ def test_nvcc_build_and_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     info = ext.build_info()
     assert info["cudart"] == "static" and "900" in info["arch_list"]
     assert "sm_90a" in info["nvcc_flags"] and "code=sm_90" in info["nvcc_flags"]
+    # the toolchain that rebuilds these bytes, recorded in every sweep's provenance (cuda_extension)
+    for tool in ("nvcc V", "host ", "python 3.", "pybind11 ", "nvidia-cutlass 4.2.0.0"):
+        assert tool in info["toolchain"], (tool, info["toolchain"])
     # setup.sh installs the nvidia-cutlass headers: a build here must carry the Hopper GEMMs
     assert info["sm90_gemm"] is True, "built without the CUTLASS headers (pip install nvidia-cutlass==4.2.0.0)"
     assert "cudaErrorInsufficientDriver" in ext.error_string(35)

@@ -80,31 +80,42 @@ def bitwise_compare(a: torch.Tensor, b: torch.Tensor, limit: int | None = None) 
     return BitwiseDiff(False, n, max_abs, max_rel)
 
 
+def _compute_device(*tensors: torch.Tensor | None) -> torch.device:
+    """Where a comparison computes: the first accelerator among its tensors (a reference parked in host memory is
+    uploaded slice by slice), else the host."""
+    for t in tensors:
+        if t is not None and t.device.type != "cpu":
+            return t.device
+    return torch.device("cpu")
+
+
 def _norm(parts: list[float]) -> float:
     """The 2-norm of a vector from its slices' 2-norms (one slice: that norm, unchanged)."""
     return parts[0] if len(parts) == 1 else math.sqrt(math.fsum(x * x for x in parts))
 
 
 def normwise_error(candidate: torch.Tensor, reference: torch.Tensor, start: torch.Tensor | None = None,
-                   limit: int | None = None) -> float:
+                   limit: int | None = None, device: torch.device | None = None) -> float:
     """||c - r||_2 / ||r - start||_2 in float64 (inf when the candidate has a NaN/inf the reference lacks).
 
     ``start``: the value an accumulator held before this step (a main grad's earlier micro-batches); the
     error is then relative to this step's contribution, not to the accumulated total. ``limit``: the slice size
-    (default ``SLICE_ELEMENTS``; tests vary it).
+    (default ``SLICE_ELEMENTS``; tests vary it). ``device``: where to compute (default: the first accelerator
+    among the tensors, else the host), so an error is the same figure wherever its tensors wait.
     """
     if candidate.shape != reference.shape:
         return float("inf")
     ref, cand = _rows(reference.detach()), _rows(candidate.detach())
     first = None if start is None else _rows(start.detach())
+    at = device if device is not None else _compute_device(cand, ref, first)
     nums: list[float] = []
     denoms: list[float] = []
     for rows in _slices(ref, limit):
-        r = ref[rows].double()
-        c = cand[rows].to(r.device).double()
+        r = ref[rows].to(at).double()
+        c = cand[rows].to(at).double()
         if not torch.isfinite(c).all():
             return float("inf")
-        base = r if first is None else r - first[rows].to(r.device).double()
+        base = r if first is None else r - first[rows].to(at).double()
         denoms.append(float(torch.linalg.vector_norm(base)))
         nums.append(float(torch.linalg.vector_norm(c - r)))
     if not nums:  # an empty tensor

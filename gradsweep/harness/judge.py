@@ -8,13 +8,14 @@ sweep are judged by the same machinery.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from gradsweep.contract import Contract
 from gradsweep.harness.accuracy import AccuracyCheck, baseline_accuracy, check_accuracy
+from gradsweep.harness.compare import normwise_error
 from gradsweep.harness.execute import (
     AdapterError,
     LayoutRun,
@@ -31,6 +32,9 @@ from gradsweep.results import Status, TensorMetrics
 from gradsweep.workload import Workload
 
 _LARGEST = 1.7976931348623157e308
+# Baselines holding more than this share of the device's memory wait in host memory between cells (the release
+# chain's ~27 GB of FP64 reference grads and stock runs on an 80 GB H100; on a 141 GB H200 they stay on the device)
+PARK_FRACTION = 0.25
 
 
 class TautologicalCell(Exception):
@@ -46,6 +50,55 @@ class OpBaselines:
     grad_starts: dict[str, torch.Tensor]  # the same, by gradient name
     stock_bf16: LayoutRun                # the op's stock path on the reference layout
     stock_fp32: LayoutRun                # the stock path in FP32 (TF32 off) on the same bf16 values
+    device: torch.device | None = None   # where the cells run and every comparison computes (None: the host)
+    parked: bool = False                 # reference and stock runs wait in host memory (``park_baselines``)
+    stock_errors: dict[tuple[str, str], float] = field(default_factory=dict)  # (tensor, class) -> stock error
+
+    def stock_error(self, name: str, accumulation: str) -> float | None:
+        """The stock run's error in ``accumulation``'s class, computed once per op (every cell of every profile
+        is bounded by the same figure; parked, each computation is an upload of the reference)."""
+        key = (name, accumulation)
+        if key not in self.stock_errors:
+            run = self.stock_fp32 if accumulation == "fp32" else self.stock_bf16
+            stock = run.tensors.get(name)
+            self.stock_errors[key] = None if stock is None else \
+                normwise_error(stock, self.reference[name], self.grad_starts.get(name), device=self.device)
+        return self.stock_errors[key]
+
+
+def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _held(b: OpBaselines) -> list[torch.Tensor]:
+    """What parking moves: the FP64 reference and both stock runs (the starts stay: every run starts from them)."""
+    return [*b.reference.values(), *b.stock_bf16.tensors.values(), *b.stock_fp32.tensors.values()]
+
+
+def should_park(nbytes: int, device_bytes: int, fraction: float | None = None) -> bool:
+    """Park baselines of ``nbytes`` on a device of ``device_bytes`` when they exceed ``fraction`` of it."""
+    return nbytes > (PARK_FRACTION if fraction is None else fraction) * device_bytes
+
+
+def park_baselines(b: OpBaselines) -> OpBaselines:
+    """The same baselines with the reference and the stock runs in host memory. Every comparison walks its
+    tensors slice by slice on the candidate's device (harness/compare.py), so each use uploads at most one slice
+    at a time, and no verdict can move: the same bits meet the same arithmetic."""
+    def host(run: LayoutRun) -> LayoutRun:
+        return replace(run, tensors={n: t.detach().cpu() for n, t in run.tensors.items()})
+
+    return replace(b, reference={n: t.cpu() for n, t in b.reference.items()}, stock_bf16=host(b.stock_bf16),
+                   stock_fp32=host(b.stock_fp32), parked=True, stock_errors={})
+
+
+def _maybe_park(b: OpBaselines, device: torch.device) -> OpBaselines:
+    if device.type != "cuda" or not should_park(_nbytes(_held(b)), torch.cuda.get_device_properties(device)
+                                                .total_memory):
+        return b
+    parked = park_baselines(b)
+    del b
+    torch.cuda.empty_cache()
+    return parked
 
 
 @dataclass
@@ -83,7 +136,8 @@ def op_baselines(op: OpSpec, shape: Shape, workload: Workload, ref_calls: Sequen
     with exact_fp32():
         stock_fp32 = run_layout(op, stock, shape, workload, ref_calls, device, main_grads=starts,
                                 backward=op.differentiable, compute_dtype=torch.float32)
-    return OpBaselines(reference, starts, {p.grad: starts[p.name] for p in op.params}, stock_bf16, stock_fp32)
+    return _maybe_park(OpBaselines(reference, starts, {p.grad: starts[p.name] for p in op.params}, stock_bf16,
+                                   stock_fp32, device=device), device)
 
 
 def reference_run(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workload, ref_calls: Sequence[Call],
@@ -178,9 +232,8 @@ def _accuracy(contract: Contract, op: OpSpec, candidate: Candidate, profile: str
     if is_baseline:
         return baseline_accuracy(name, run.tensors[name], ref, start)
     klass = contract.accumulation_class(op.name, name, candidate.family)
-    stock_run = base_line.stock_fp32 if klass == "fp32" else base_line.stock_bf16
-    return check_accuracy(contract, op.name, profile, name, kind, klass, run.tensors[name],
-                          stock_run.tensors.get(name), ref, start)
+    return check_accuracy(contract, op.name, profile, name, kind, klass, run.tensors[name], None, ref, start,
+                          stock_error=base_line.stock_error(name, klass) or 0.0)
 
 
 def _finite(x: float) -> float:
