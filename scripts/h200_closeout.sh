@@ -7,11 +7,14 @@
 #   2. the release sweep of manifests/h200.yaml (one worker per visible GPU), resumed from its partial log;
 #      once complete: verify and render it;
 #   3. in the order given, `gradsweep bench` for each --bench-ops group not yet done and, where --drift stands,
-#      the release drift run (bench/bench_drift.py); never beside the sweep: timing is alone.
+#      the release drift run (bench/bench_drift.py); never beside the sweep: timing is alone. Where --census stands
+#      (put it last), scripts/kernel_census.py profiles every case the signed bench files so far record a missed
+#      target for (unsigned, a diagnostic: which kernels each side runs; OUT's state gets census/).
 # A step that cannot finish before the deadline is cut by `timeout`: a cut sweep keeps its partial log for
 # the next call; a cut bench or drift leaves nothing and runs again next call.
 # Usage (repo root, on the GPU machine):
 #   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--sweep-shards N] [--bench-ops "OP OP ..."]... [--drift]
+#                                 [--census]
 #                                 [--backward-thread worker|caller]   (given to every bench; default: bench's own)
 # (a group written "caller:OPS" or "worker:OPS" runs on that engine thread whatever --backward-thread says, its
 # files named with a -caller / -worker suffix: one call can record a group on both)
@@ -29,6 +32,7 @@ while [ $# -gt 0 ]; do
     --bench-ops) groups+=("$2"); shift 2;;
     --deadline) deadline=$2; shift 2;;
     --drift) groups+=(drift); shift;;
+    --census) groups+=(census); shift;;
     --backward-thread) bench_extra+=(--backward-thread "$2"); shift 2;;
     --sweep-shards) shards=$2; shift 2;;
     *) echo "unknown argument $1" >&2; exit 2;;
@@ -157,6 +161,21 @@ fi
 # 3. the bench, one evidence file per group of ops, only once the sweep is complete
 if [ -f "$new/h200.evidence.json" ]; then
   for group in "${groups[@]}"; do
+    if [ "$group" = census ]; then
+      if [ -d "$new/census" ]; then continue; fi
+      budget=$(( $(left) - 10 ))
+      if [ "$budget" -lt 60 ]; then note "census not started: $budget s left"; continue; fi
+      t0=$(date +%s)
+      timeout "$budget" python3 scripts/kernel_census.py out/census --missed-from "$new"/h200.bench-*.evidence.json \
+        > "$logs/census.log" 2>&1
+      rc=$?
+      note "census rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s)"
+      # (a cut census keeps what it wrote: each case's lines and the JSON so far)
+      if [ -d out/census ]; then mkdir -p "$new/census" && cp -a out/census/. "$new/census"/ && cp "$logs/census.log" "$new/census/"; fi
+      tail -25 "$logs/census.log"
+      save
+      continue
+    fi
     if [ "$group" = drift ]; then
       if [ -f "$new/drift/drift.evidence.json" ]; then continue; fi
       budget=$(( $(left) - 10 ))

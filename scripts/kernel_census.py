@@ -3,6 +3,7 @@ missed speed row (a diagnostic, never evidence; the signed bench holds the figur
 
     python3 scripts/kernel_census.py OUT --op det_gemm --case fwd_m256 --case dx_m1
     CUBLAS_WORKSPACE_CONFIG=:16:8 CUBLASLT_WORKSPACE_SIZE=1 python3 scripts/kernel_census.py OUT --tag starved ...
+    python3 scripts/kernel_census.py OUT --missed-from out/h200.bench-*.evidence.json   # every missed row's case
 
 For every selected bench case (``gradsweep bench``'s own steps, shapes and data: scripts/probe_cases.py) and each
 family and stock: the step issued back to back (device us per step and host us per step, as the bench samples
@@ -10,7 +11,9 @@ it), then STEPS steps under torch.profiler: every device kernel by name with its
 duration, and the device-busy time per step. What it answers: does stock cuBLAS split K where the design forbids
 it (a second, reducing kernel, or a split-K kernel name), is a row host-bound (busy << pace), which of a family's
 kernels holds the time. ``--tag starved`` with cuBLAS's workspace starved records stock without split-K
-(the issue's orientation figure), side by side in OUT/census-<tag>.json.
+(the issue's orientation figure), side by side in OUT/census-<tag>.json. ``--missed-from`` takes signed bench
+evidence and censuses exactly the cases with a missed target (``scripts/h200_closeout.sh --census`` runs it after
+the benches of a closeout, so every missed row comes back with its profile from the same run).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from gradsweep.bench.evidence import read_bench
 from scripts.probe_cases import back_to_back, case_steps, log_to, probe_parser
 
 STEPS = 20
@@ -44,17 +49,39 @@ def kernel_table(step, steps: int = STEPS) -> tuple[list[dict], float]:
     return rows, round(sum(r["us_per_step"] for r in rows), 2)
 
 
+def missed_cases(paths: list[Path]) -> tuple[list[str], list[str]]:
+    """(ops, case ids) of the cases of these bench evidence files with a missed target in any family (the host-only
+    fold plan's included: ``case_steps`` skips what has no device step)."""
+    ids: dict[str, str] = {}
+    for path in paths:
+        for case in read_bench(path).cases:
+            if any(t.met is False for fam in case.families.values() for t in fam.targets):
+                ids[case.id] = case.op
+    return sorted(set(ids.values())), sorted(ids)
+
+
 def main() -> None:
     ap = probe_parser(__doc__.splitlines()[0])
     ap.add_argument("--tag", default="default", help="names the output (e.g. 'starved' for a starved cuBLAS run)")
     ap.add_argument("--seconds", type=float, default=1.0, help="back-to-back seconds per step")
     ap.add_argument("--family", action="append", default=[], help="only these (triton, cuda, stock); default all")
+    ap.add_argument("--missed-from", nargs="+", type=Path, default=[],
+                    help="bench evidence files: census exactly their cases with a missed target")
     args = ap.parse_args()
+    exact: set[str] | None = None
+    if args.missed_from:
+        args.op, ids = missed_cases(args.missed_from)
+        args.case, exact = ids, set(ids)
+        if not ids:
+            print("no missed target in", ", ".join(map(str, args.missed_from)))
+            return
     say = log_to(args.out, f"census-{args.tag}.txt")
     out: dict[str, dict] = {"device": torch.cuda.get_device_name(), "tag": args.tag, "cases": {}}
     for found in case_steps(args.manifest, args.op, args.case, torch.device("cuda")):
         if isinstance(found, tuple):
             say(f"{found[0].id}: could not build: {found[1]!r}")
+            continue
+        if exact is not None and found.case.id not in exact:  # (the filters match ids as substrings)
             continue
         entry = out["cases"].setdefault(found.case.id, {"mode": found.mode})
         for family, ref in found.refs:
