@@ -68,20 +68,16 @@ def main() -> None:
     ap.add_argument("--missed-from", nargs="+", type=Path, default=[],
                     help="bench evidence files: census exactly their cases with a missed target")
     args = ap.parse_args()
-    exact: set[str] | None = None
     if args.missed_from:
-        args.op, ids = missed_cases(args.missed_from)
-        args.case, exact = ids, set(ids)
-        if not ids:
+        args.op, args.case = missed_cases(args.missed_from)
+        if not args.case:
             print("no missed target in", ", ".join(map(str, args.missed_from)))
             return
     say = log_to(args.out, f"census-{args.tag}.txt")
     out: dict[str, dict] = {"device": torch.cuda.get_device_name(), "tag": args.tag, "cases": {}}
-    for found in case_steps(args.manifest, args.op, args.case, torch.device("cuda")):
+    for found in case_steps(args.manifest, args.op, args.case, torch.device("cuda"), exact=bool(args.missed_from)):
         if isinstance(found, tuple):
             say(f"{found[0].id}: could not build: {found[1]!r}")
-            continue
-        if exact is not None and found.case.id not in exact:  # (the filters match ids as substrings)
             continue
         entry = out["cases"].setdefault(found.case.id, {"mode": found.mode})
         for family, ref in found.refs:

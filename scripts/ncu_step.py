@@ -25,11 +25,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
     op = args.case.split("/")[0]
-    for found in case_steps(args.manifest, [op], [args.case], torch.device("cuda")):
+    for found in case_steps(args.manifest, [op], [args.case], torch.device("cuda"), exact=True):
         if isinstance(found, tuple):
             raise found[1]
-        if found.case.id != args.case:
-            continue
         ref = dict(found.refs).get(args.family)
         if ref is None:
             raise SystemExit(f"{args.case}: no {args.family} step here (families: {[n for n, _ in found.refs]})")

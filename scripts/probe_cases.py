@@ -31,12 +31,15 @@ class CaseSteps:
 
 
 def case_steps(manifest: str, ops: Sequence[str], case_filters: Sequence[str],
-               device: torch.device) -> Iterator[CaseSteps | tuple[Case, Exception]]:
-    """Each selected op case (host-only cases skipped; ``case_filters``: ids containing one of them), or
-    (case, exception) when its data or subject could not be built. The device's cache is emptied between cases."""
+               device: torch.device, exact: bool = False) -> Iterator[CaseSteps | tuple[Case, Exception]]:
+    """Each selected op case (host-only cases skipped; ``case_filters``: ids containing one of them, or with
+    ``exact`` ids equal to one: ``det_gemm/dx_m1`` alone, not ``dx_m16``), or (case, exception) when its data or
+    subject could not be built (nothing is built for a case the filters leave out). The device's cache is emptied
+    between cases."""
     sel = select(load_manifest(manifest), list(ops) or None, None, False, "cuda")
     for case in sel.cases:
-        if case.host_only or (case_filters and not any(c in case.id for c in case_filters)):
+        wanted = case.id in case_filters if exact else any(c in case.id for c in case_filters)
+        if case.host_only or (case_filters and not wanted):
             continue
         mode = {"bwd": "fwd_bwd"}.get(case.phase, case.phase)
         slots = {s.family: s.candidate for s in sel.slots[case.id] if s.candidate is not None}

@@ -36,3 +36,18 @@ def test_a_file_without_a_missed_target_gives_nothing() -> None:
                                        for f in c.families.values() for t in f.targets)]
     assert met, "every committed bench file misses a target: this test needs one that does not"
     assert missed_cases(met) == ([], [])
+
+
+def test_missed_ids_select_those_cases_only() -> None:
+    """The census hands its ids to ``case_steps`` as whole ids: ``det_gemm/dx_m1`` builds that case alone, where the
+    substring filter the other probes use also matches dx_m16 and dx_m16384 (device time the closeout lacks)."""
+    import torch
+
+    from scripts.probe_cases import case_steps
+
+    def ids(exact: bool) -> list[str]:
+        return [f.case.id for f in case_steps("manifests/h200.yaml", ["det_gemm"], ["det_gemm/dx_m1"],
+                                              torch.device("cpu"), exact=exact) if not isinstance(f, tuple)]
+
+    assert ids(True) == ["det_gemm/dx_m1"]
+    assert ids(False) == ["det_gemm/dx_m1", "det_gemm/dx_m16", "det_gemm/dx_m16384"]
