@@ -1,0 +1,145 @@
+"""Device time of the Triton persistent TMA GEMM under other tiles, warps, stages and Hopper warp specialisation,
+next to cuBLAS and the kernel gradsweep runs today, with every variant's bits compared (a diagnostic for the
+next kernel change, never evidence).
+
+Why: the twenty-ninth session's kernel census showed Triton's ``_mm_tma_kernel`` at M = 256, N = K = 4096 25%
+slower than cuBLAS's one 128 x 64 kernel with the same tile count and one wave; what differs is the pipeline
+inside a program. This times the candidates in one run: cuBLAS's tile shape at two consumer warp groups, deeper
+pipelines, and Triton 3.6's Hopper warp specialisation of the K loop (a TMA producer beside the MMA warps).
+
+Each variant's product must equal today's kernel's to the bit (the same ascending k16 chain over K): a variant
+whose bits differ is reported and would be a defect, never a candidate. Device time is graph-replayed (host
+excluded); the bench's end-to-end rows carry host cost. Output: one line per (case, variant), and a JSON file.
+
+    python3 scripts/gemm_tile_ab.py OUT/gemm_tile_ab.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gradsweep.triton_kernels._common import mma, tile_ids
+from gradsweep.triton_kernels.gemm import _ensure_allocator, _tma_tiles, matmul_invariant
+from scripts.gemm_tile_probe import graph_time_us, heat
+
+
+@triton.jit
+def _ab_tma_kernel(a_desc, w_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr, B_T: tl.constexpr, WS: tl.constexpr,
+                   FLATTEN: tl.constexpr):
+    """gradsweep's ``_mm_tma_kernel`` with the K loop optionally warp-specialised (WS)."""
+    n_m = tl.cdiv(M, BM)
+    n_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    for t in tl.range(tl.program_id(0), n_m * n_n, PROGRAMS, flatten=FLATTEN):
+        pid_m, pid_n = tile_ids(t, n_m, n_n, GROUP_M)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for ki in tl.range(k_tiles, warp_specialize=WS):
+            a = a_desc.load([pid_m * BM, ki * BK])
+            if B_T:
+                w = w_desc.load([pid_n * BN, ki * BK])
+                acc = mma(a, w.T, acc)
+            else:
+                b = w_desc.load([ki * BK, pid_n * BN])
+                acc = mma(a, b, acc)
+        c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_desc.dtype))
+
+
+# (name, BM, BN, BK, warps, stages, warp-specialised)
+VARIANTS = [
+    ("64x128x64 w4 s5", 64, 128, 64, 4, 5, False),
+    ("64x128x64 w4 s7", 64, 128, 64, 4, 7, False),
+    ("64x128x128 w4 s3", 64, 128, 128, 4, 3, False),
+    ("128x64x64 w4 s5", 128, 64, 64, 4, 5, False),
+    ("128x64x64 w8 s5", 128, 64, 64, 8, 5, False),
+    ("128x64x64 w8 s6", 128, 64, 64, 8, 6, False),
+    ("128x64x64 w8 s8", 128, 64, 64, 8, 8, False),
+    ("64x128x64 w4 s5 ws", 64, 128, 64, 4, 5, True),
+    ("128x64x64 w8 s5 ws", 128, 64, 64, 8, 5, True),
+    ("128x128x64 w8 s4", 128, 128, 64, 8, 4, False),
+    ("128x128x64 w8 s4 ws", 128, 128, 64, 8, 4, True),
+    ("128x256x64 w8 s3", 128, 256, 64, 8, 3, False),
+    ("128x256x64 w8 s3 ws", 128, 256, 64, 8, 3, True),
+]
+# (M, N, K, variants to try: None = all)
+CASES = [(256, 4096, 4096, None), (512, 4096, 4096, None),
+         (4096, 4096, 4096, {"128x256x64 w8 s3", "128x256x64 w8 s3 ws", "128x128x64 w8 s4 ws"}),
+         (16384, 4096, 4096, {"128x256x64 w8 s3", "128x256x64 w8 s3 ws", "128x128x64 w8 s4 ws"})]
+
+
+def launch(variant: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sms: int):
+    """A closure running ``out = a @ b`` (b a transposed weight or a contiguous [K, N]) with one variant."""
+    _, bm, bn, bk, warps, stages, ws = variant
+    m, k = a.shape
+    n = b.shape[1]
+    b_t = b.stride(0) == 1
+    a_desc = TensorDescriptor(a, [m, k], [k, 1], [bm, bk])
+    b_desc = (TensorDescriptor(b.t(), [n, k], [k, 1], [bn, bk]) if b_t
+              else TensorDescriptor(b, [k, n], [n, 1], [bk, bn]))
+    c_desc = TensorDescriptor(out, [m, n], [n, 1], [bm, bn])
+    grid = (min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
+
+    def run() -> None:
+        _ab_tma_kernel[grid](a_desc, b_desc, c_desc, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8, PROGRAMS=sms,
+                             B_T=b_t, WS=ws, FLATTEN=not ws,
+                             num_warps=warps, num_stages=stages)
+    return run
+
+
+def main(path: str) -> int:
+    _ensure_allocator()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, bad = [], 0
+    print(f"{torch.cuda.get_device_name(0)}, triton {triton.__version__}, {sms} SMs")
+    print(f"{'case':26} {'variant':22} {'us':>8} {'cuBLAS':>8} {'ratio':>6}  bits")
+    for m, n, k, names in CASES:
+        x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+        w = torch.randn(n, k, device="cuda", generator=gen).bfloat16()
+        dy = torch.randn(m, n, device="cuda", generator=gen).bfloat16()
+        for kind, a, b, stock in (("fwd", x, w.t(), lambda x=x, w=w: x @ w.t()),
+                                  ("dX", dy, w, lambda dy=dy, w=w: dy @ w)):
+            case = f"{kind} M={m} N={b.shape[1]} K={a.shape[1]}"
+            weight = w if kind == "fwd" else w.t()  # matmul_invariant(a, weight) = a @ weight.T
+            today_bits = matmul_invariant(a, weight).view(torch.int16).clone()
+            heat(stock)
+            t_stock = graph_time_us(stock)
+            t_today = graph_time_us(lambda a=a, weight=weight: matmul_invariant(a, weight))
+            cfg, warps, stages = _tma_tiles(m)
+            label = f"today {cfg['BM']}x{cfg['BN']}x{cfg['BK']} w{warps} s{stages}"
+            print(f"{case:26} {label:22} {t_today:8.1f} {t_stock:8.1f} {t_today / t_stock:6.2f}x", flush=True)
+            rows.append({"case": case, "variant": label, "us": t_today, "cublas_us": t_stock})
+            for variant in VARIANTS:
+                if names is not None and variant[0] not in names:
+                    continue
+                out = torch.empty(m, b.shape[1], device="cuda", dtype=torch.bfloat16)
+                try:
+                    run = launch(variant, a, b, out, sms)
+                    run()
+                    torch.cuda.synchronize()
+                    t = graph_time_us(run)
+                except Exception as exc:  # a variant that does not compile is a finding, not a stop
+                    msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+                    print(f"{case:26} {variant[0]:22} failed: {msg}", flush=True)
+                    rows.append({"case": case, "variant": variant[0], "error": msg})
+                    continue
+                same = torch.equal(out.view(torch.int16), today_bits)
+                bad += not same
+                print(f"{case:26} {variant[0]:22} {t:8.1f} {t_stock:8.1f} {t / t_stock:6.2f}x  "
+                      f"{'equal' if same else 'DIFFER'}", flush=True)
+                rows.append({"case": case, "variant": variant[0], "us": t, "cublas_us": t_stock, "bits_equal": same})
+    Path(path).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "triton": triton.__version__,
+                                      "rows": rows}, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
