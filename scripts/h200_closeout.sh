@@ -9,12 +9,14 @@
 #   3. in the order given, `gradsweep bench` for each --bench-ops group not yet done and, where --drift stands,
 #      the release drift run (bench/bench_drift.py); never beside the sweep: timing is alone. Where --census stands
 #      (put it last), scripts/kernel_census.py profiles every case the signed bench files so far record a missed
-#      target for (unsigned, a diagnostic: which kernels each side runs; OUT's state gets census/).
+#      target for (unsigned, a diagnostic: which kernels each side runs; OUT's state gets census/). Where --tile-ab
+#      stands (after --census), scripts/gemm_tile_ab.py times the Triton TMA GEMM's candidate tiles against cuBLAS
+#      and today's kernel, bits compared (unsigned, a diagnostic; OUT's state gets tile_ab/).
 # A step that cannot finish before the deadline is cut by `timeout`: a cut sweep keeps its partial log for
 # the next call; a cut bench or drift leaves nothing and runs again next call.
 # Usage (repo root, on the GPU machine):
 #   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--sweep-shards N] [--bench-ops "OP OP ..."]... [--drift]
-#                                 [--census]
+#                                 [--census] [--tile-ab]
 #                                 [--backward-thread worker|caller]   (given to every bench; default: bench's own)
 # (a group written "caller:OPS" or "worker:OPS" runs on that engine thread whatever --backward-thread says, its
 # files named with a -caller / -worker suffix: one call can record a group on both)
@@ -33,6 +35,7 @@ while [ $# -gt 0 ]; do
     --deadline) deadline=$2; shift 2;;
     --drift) groups+=(drift); shift;;
     --census) groups+=(census); shift;;
+    --tile-ab) groups+=(tile_ab); shift;;
     --backward-thread) bench_extra+=(--backward-thread "$2"); shift 2;;
     --sweep-shards) shards=$2; shift 2;;
     *) echo "unknown argument $1" >&2; exit 2;;
@@ -173,6 +176,17 @@ if [ -f "$new/h200.evidence.json" ]; then
       # (a cut census keeps what it wrote: each case's lines and the JSON so far)
       if [ -d out/census ]; then mkdir -p "$new/census" && cp -a out/census/. "$new/census"/ && cp "$logs/census.log" "$new/census/"; fi
       tail -25 "$logs/census.log"
+      save
+      continue
+    fi
+    if [ "$group" = tile_ab ]; then
+      if [ -f "$new/tile_ab/gemm_tile_ab.json" ]; then continue; fi
+      budget=$(( $(left) - 10 ))
+      if [ "$budget" -lt 45 ]; then note "tile A/B not started: $budget s left"; continue; fi
+      t0=$(date +%s); mkdir -p "$new/tile_ab"
+      timeout "$budget" python3 scripts/gemm_tile_ab.py "$new/tile_ab/gemm_tile_ab.json" > "$new/tile_ab/gemm_tile_ab.txt" 2>&1
+      note "tile A/B rc=$? in $(( $(date +%s) - t0 )) s (budget $budget s; rc 1: a variant's bits differ)"
+      tail -40 "$new/tile_ab/gemm_tile_ab.txt"
       save
       continue
     fi
