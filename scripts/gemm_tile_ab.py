@@ -7,6 +7,13 @@ slower than cuBLAS's one 128 x 64 kernel with the same tile count and one wave; 
 inside a program. This times the candidates in one run: cuBLAS's tile shape at two consumer warp groups, deeper
 pipelines, and Triton 3.6's Hopper warp specialisation of the K loop (a TMA producer beside the MMA warps).
 
+A second part does the same for the canonical dW fold (``_dw_tma_kernel``, the bench's T = 4096 and 16384 packed
+steps of 13 samples, N = K = 4096): the census put its floor at 1.09x cuBLAS with the FP32 main grad's load and
+store hidden, 1.25x with them serialised, and the fold at 1.26x. Today's tiles hold one program per SM; the
+candidates add 128 x 128 tiles with stages few enough for two programs per SM (one program's main-grad epilogue
+then overlaps the other's loop), forced through the production launch path (the tuner's choice set, its launch
+memo cleared).
+
 Each variant's product must equal today's kernel's to the bit (the same ascending k16 chain over K): a variant
 whose bits differ is reported and would be a defect, never a candidate. Device time is graph-replayed (host
 excluded); the bench's end-to-end rows carry host cost. Output: one line per (case, variant), and a JSON file.
@@ -26,6 +33,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gradsweep.bench.cases import irregular
+from gradsweep.canonical import CanonicalFold, RowIdentity
+from gradsweep.triton_kernels import gemm
 from gradsweep.triton_kernels._common import mma, tile_ids
 from gradsweep.triton_kernels.gemm import _ensure_allocator, _mm_tma_kernel, _tma_tiles, matmul_invariant
 from scripts.gemm_tile_probe import graph_time_us, heat
@@ -75,6 +85,13 @@ CASES = [(256, 4096, 4096, None), (512, 4096, 4096, None),
          (16384, 4096, 4096, {"128x256x64 w8 s3", "128x256x64 w8 s3 ws", "128x128x64 w8 s4 ws"})]
 
 
+# dW fold variants (BN, BK, warps, stages): today's candidate list (``gemm._DW_SHAPES``) first, then tiles whose
+# shared memory leaves room for two programs per SM
+DW_VARIANTS = [*gemm._DW_SHAPES, (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 4, 2), (128, 128, 8, 2),
+               (128, 256, 8, 2), (256, 128, 8, 2)]
+DW_STEPS = (4096, 16384)  # tokens, in 13 samples as the bench's dW cases
+
+
 def launch(variant: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sms: int):
     """A closure running ``out = a @ b`` (b a transposed weight or a contiguous [K, N]) with one variant."""
     _, bm, bn, bk, warps, stages, ws = variant
@@ -97,6 +114,81 @@ def launch(variant: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, 
     return run
 
 
+def _only(cfg: tuple):
+    """A tuner's candidate list of the one dW configuration ``cfg`` (BN, BK, warps, stages)."""
+    bn, bk, warps, stages = cfg
+    config = triton.Config({"BN": bn, "BK": bk, "GROUP_M": 8}, num_warps=warps, num_stages=stages)
+    return lambda key: [config]
+
+
+def _force_dw(cfg: tuple | None) -> None:
+    """The dW fold launches with ``cfg`` from now on (None: the tuner chooses again), its launch memos dropped."""
+    for tuner in (gemm._DW, gemm._DW_TMA):
+        tuner.best.clear()
+        tuner.launch._memo.clear()
+        tuner.configs = gemm.dw_configs if cfg is None else _only(cfg)
+    gemm._DW_CALLS.clear()
+
+
+def dw_part(rows: list, gen: torch.Generator, steps: tuple[int, ...] = DW_STEPS, width: int = 4096,
+            timer=graph_time_us, warm=heat) -> int:
+    """Time and bit-check each dW variant; returns the number whose bits differ from today's. (``steps``, ``width``,
+    ``timer`` and ``warm`` let the CPU test walk the same path under the interpreter, where every variant runs the
+    interpreter's one configuration.)"""
+    bad = 0
+    n = k = width
+    device = gen.device
+    for t in steps:
+        lengths = list(irregular(t, 13))
+        x = torch.randn(t, k, device=device, generator=gen).bfloat16()
+        dy = torch.randn(t, n, device=device, generator=gen).bfloat16()
+        start = torch.randn(n, k, device=device, generator=gen)
+        fold = CanonicalFold(torch.zeros_like(start), lengths, gemm.TILE)
+        step = fold.take_tiles(RowIdentity.packed(lengths), (x, dy))
+        case = f"dW T={t} N=K={n}"
+
+        def stock(dy=dy, x=x) -> torch.Tensor:
+            return dy.t() @ x
+        warm(stock)
+        t_stock = timer(stock)
+        work = start.clone()
+
+        def fold_once(step=step, x=x, dy=dy, work=work) -> None:
+            gemm.dw_fold(step, x, dy, work)
+        _force_dw(None)  # today's: the tuner's choice among its list
+        fold_once()
+        chosen = next(iter(gemm._DW_TMA.best.values()), None)
+        work.copy_(start)
+        fold_once()
+        today_bits = work.view(torch.int32).clone()
+        folded = not torch.equal(today_bits, start.view(torch.int32))  # else every variant is trivially "equal"
+        bad += not folded
+        t_today = timer(fold_once)
+        label = f"today (tuned: {chosen})"
+        print(f"{case:26} {label[:60]:60} {t_today:8.1f} {t_stock:8.1f} {t_today / t_stock:6.2f}x"
+              f"{'' if folded else '  THE FOLD LEFT THE MAIN GRAD UNCHANGED'}", flush=True)
+        rows.append({"case": case, "variant": label, "us": t_today, "cublas_us": t_stock, "folded": folded})
+        for cfg in DW_VARIANTS:
+            name = "BN={} BK={} w{} s{}".format(*cfg)
+            try:
+                _force_dw(cfg)
+                work.copy_(start)
+                fold_once()
+                same = torch.equal(work.view(torch.int32), today_bits)
+                t_cfg = timer(fold_once)
+            except Exception as exc:  # a variant that does not fit (shared memory, registers) is a finding
+                msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+                print(f"{case:26} {name:22} failed: {msg}", flush=True)
+                rows.append({"case": case, "variant": name, "error": msg})
+                continue
+            bad += not same
+            print(f"{case:26} {name:22} {t_cfg:8.1f} {t_stock:8.1f} {t_cfg / t_stock:6.2f}x  "
+                  f"{'equal' if same else 'DIFFER'}", flush=True)
+            rows.append({"case": case, "variant": name, "us": t_cfg, "cublas_us": t_stock, "bits_equal": same})
+        _force_dw(None)
+    return bad
+
+
 def main(path: str) -> int:
     _ensure_allocator()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -104,7 +196,9 @@ def main(path: str) -> int:
     rows, bad = [], 0
     print(f"{torch.cuda.get_device_name(0)}, triton {triton.__version__}, {sms} SMs")
     print(f"{'case':26} {'variant':22} {'us':>8} {'cuBLAS':>8} {'ratio':>6}  bits")
-    for m, n, k, names in CASES:
+    for index, (m, n, k, names) in enumerate(CASES):
+        if index == 1:  # the dW fold right after M = 256: the two rows the census asked about come first
+            bad += dw_part(rows, gen)
         x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
         w = torch.randn(n, k, device="cuda", generator=gen).bfloat16()
         dy = torch.randn(m, n, device="cuda", generator=gen).bfloat16()

@@ -22,3 +22,21 @@ def test_named_variants_exist_and_names_are_unique() -> None:
     assert len(names) == len(set(names))
     for m, _, _, wanted in CASES:
         assert wanted is None or wanted <= set(names), f"M={m}: {sorted(set(wanted) - set(names))}"
+
+
+def test_the_dw_part_walks_the_production_fold_with_each_variant_forced() -> None:
+    """Under the interpreter every variant runs the interpreter's one configuration, so every bit is equal; what this
+    checks is the path the GPU run takes blind: the plan, the forced tuner (its list, choice and launch memo), the
+    fold, and the tuner left as it was found."""
+    import torch
+
+    from gradsweep.triton_kernels import gemm
+    from scripts.gemm_tile_ab import DW_VARIANTS, dw_part
+
+    rows: list[dict] = []
+    bad = dw_part(rows, torch.Generator().manual_seed(0), steps=(200,), width=32, timer=lambda fn: (fn(), 1.0)[1],
+                  warm=lambda fn: None)
+    assert bad == 0 and rows[0]["folded"]
+    assert [r["variant"] for r in rows[1:]] == ["BN={} BK={} w{} s{}".format(*c) for c in DW_VARIANTS]
+    assert all(r.get("bits_equal") for r in rows[1:]), rows
+    assert gemm._DW_TMA.configs is gemm.dw_configs and gemm._DW.configs is gemm.dw_configs
