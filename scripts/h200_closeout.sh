@@ -11,12 +11,14 @@
 #      (put it last), scripts/kernel_census.py profiles every case the signed bench files so far record a missed
 #      target for (unsigned, a diagnostic: which kernels each side runs; OUT's state gets census/). Where --tile-ab
 #      stands (after --census), scripts/gemm_tile_ab.py times the Triton TMA GEMM's candidate tiles against cuBLAS
-#      and today's kernel, bits compared (unsigned, a diagnostic; OUT's state gets tile_ab/).
+#      and today's kernel, bits compared (unsigned, a diagnostic; OUT's state gets tile_ab/). Where --host-audit
+#      stands, scripts/host_probe.py --fold-plan-audit says where the fold plan's host time goes on this host
+#      (allocator events, synchronising calls, cProfile; OUT's state gets host_audit/).
 # A step that cannot finish before the deadline is cut by `timeout`: a cut sweep keeps its partial log for
 # the next call; a cut bench or drift leaves nothing and runs again next call.
 # Usage (repo root, on the GPU machine):
 #   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--sweep-shards N] [--bench-ops "OP OP ..."]... [--drift]
-#                                 [--census] [--tile-ab]
+#                                 [--census] [--tile-ab] [--host-audit]
 #                                 [--backward-thread worker|caller]   (given to every bench; default: bench's own)
 # (a group written "caller:OPS" or "worker:OPS" runs on that engine thread whatever --backward-thread says, its
 # files named with a -caller / -worker suffix: one call can record a group on both)
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     --drift) groups+=(drift); shift;;
     --census) groups+=(census); shift;;
     --tile-ab) groups+=(tile_ab); shift;;
+    --host-audit) groups+=(host_audit); shift;;
     --backward-thread) bench_extra+=(--backward-thread "$2"); shift 2;;
     --sweep-shards) shards=$2; shift 2;;
     *) echo "unknown argument $1" >&2; exit 2;;
@@ -187,6 +190,19 @@ if [ -f "$new/h200.evidence.json" ]; then
       timeout "$budget" python3 scripts/gemm_tile_ab.py "$new/tile_ab/gemm_tile_ab.json" > "$new/tile_ab/gemm_tile_ab.txt" 2>&1
       note "tile A/B rc=$? in $(( $(date +%s) - t0 )) s (budget $budget s; rc 1: a variant's bits differ)"
       tail -40 "$new/tile_ab/gemm_tile_ab.txt"
+      save
+      continue
+    fi
+    if [ "$group" = host_audit ]; then
+      if [ -f "$new/host_audit/done" ]; then continue; fi
+      budget=$(( $(left) - 10 ))
+      if [ "$budget" -lt 30 ]; then note "host audit not started: $budget s left"; continue; fi
+      t0=$(date +%s); mkdir -p "$new/host_audit"
+      timeout "$budget" python3 scripts/host_probe.py "$new/host_audit" --op fold_plan --fold-plan-audit --steps 200 \
+        > "$new/host_audit/stdout.txt" 2>&1
+      rc=$?; [ $rc -eq 0 ] && touch "$new/host_audit/done"
+      note "host audit rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s)"
+      grep "audit:" "$new/host_audit/host_probe.txt" 2>/dev/null
       save
       continue
     fi

@@ -15,6 +15,10 @@ allocation retries: a ``cudaFree`` waits for the device; pinned host blocks allo
 synchronising call that torch's sync-debug mode reports with the Python frames that made it: a step whose issue
 time is near host + device rather than max(host, device) waits for the device somewhere, and this says where.
 
+``--fold-plan-audit`` gives each fold_plan case the audit's view (allocator events per step, synchronising calls)
+and a cProfile, before anything else runs: `h200_closeout.sh --host-audit` runs it as
+`host_probe.py OUT --op fold_plan --fold-plan-audit` (fold_plan's cases are host-only, so no op step follows).
+
 Every fold-plan block also prints which planner ran (compiled ``gradsweep._fold_plan`` or numpy) and the host's
 speed at that moment (the bench's own Python-loop ceiling, ``ceilings._python_loop``), since the lent host's speed
 moves ~2x within one device call; with ops given, the fold-plan cases run again after them, in the same process
@@ -73,6 +77,28 @@ def fold_plan_block(say: Callable[[str], None], device: torch.device, steps: int
         h, d = host_us(fn, calls, steps)
         say(f"fold_plan {case.name}: host {h:.0f} us per call, drained {d:.0f} us")
     say(f"fold_plan, {when}: Python loop after {python_loop_us():.1f} us")
+
+
+def fold_plan_audit(say: Callable[[str], None], device: torch.device, steps: int, top: int) -> None:
+    """Where each fold_plan case's host time goes on this host: the allocators' events per step (pinned host blocks
+    and device blocks allocated or freed: a caching allocator that cannot reuse a block pays the driver), the
+    synchronising calls of one step with the frames that made them, and a cProfile of the steps. Why: the CPU box
+    plans a chunked call in ~33 us with the staging copies stubbed, the lent H100 host paid ~290 us a call, and
+    only the GPU host can say which CUDA host call takes the rest."""
+    for case in fold_plan.cases(False):
+        subject = fold_plan.PlanSubject(case, None, {}, device, 0)
+        fn, calls = subject.host_step("host")
+        fn()
+        torch.cuda.synchronize()
+        before = _alloc_counts()
+        h, d = host_us(fn, calls, steps)
+        after = _alloc_counts()
+        events = {k: round((after[k] - before[k]) / (steps + 5), 2) for k in after if after[k] != before[k]}
+        say(f"fold_plan {case.name} audit: host {h:.0f} us per call, drained {d:.0f} us; allocator events per step "
+            f"{events or 'none'}")
+        for site in _sync_sites(fn):
+            say(f"    sync: {site}")
+        say(profile(fn, max(steps // 2, 20), top))
 
 
 def profile(step: Callable[[], object], n: int, top: int, on_caller: bool = False) -> str:
@@ -186,6 +212,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--fold-plan", action="store_true", help="also the fold_plan cases")
+    ap.add_argument("--fold-plan-audit", action="store_true",
+                    help="the fold_plan cases' allocator events, synchronising calls and cProfile (run first)")
     ap.add_argument("--audit", action="store_true",
                     help="bench-like samples of every side in turn: issue vs device time, allocator counts, syncs")
     ap.add_argument("--backward-on-caller", action="store_true",
@@ -194,6 +222,8 @@ def main() -> None:
     say = log_to(args.out, "host_probe.txt")
 
     device = torch.device("cuda")
+    if args.fold_plan_audit:
+        fold_plan_audit(say, device, args.steps, args.top)
     if args.fold_plan:
         fold_plan_block(say, device, args.steps, "first")
     ran_ops = False

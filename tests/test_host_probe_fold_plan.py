@@ -43,3 +43,17 @@ def test_the_block_names_the_numpy_planner_when_it_ran(cpu_block, monkeypatch):
 @pytest.mark.skipif(canonical._native_plan is None, reason="gradsweep._fold_plan was not built on this box")
 def test_the_block_names_the_compiled_planner_when_it_ran(cpu_block):
     _check(cpu_block(), r"compiled \(gradsweep\._fold_plan\)")
+
+
+def test_the_audit_reports_each_case_its_allocator_events_syncs_and_profile(cpu_block, monkeypatch):
+    """`--fold-plan-audit` (run on the GPU host by `h200_closeout.sh --host-audit`): one audit line per case, then
+    its profile, which names the planner's entry point (here with the CUDA allocator counters stubbed out)."""
+    monkeypatch.setattr(host_probe, "_alloc_counts", lambda: {"num_host_alloc": 0, "num_device_alloc": 0})
+    monkeypatch.setattr(host_probe, "_sync_sites", lambda step: ["1x planted sync <- canonical.py:1 take_tiles"])
+    lines: list[str] = []
+    host_probe.fold_plan_audit(lines.append, torch.device("cpu"), 2, 10)
+    audits = [re.fullmatch(r"fold_plan (\w+) audit: host \d+ us per call, drained \d+ us; allocator events per "
+                           r"step none", line) for line in lines[0::3]]
+    assert all(audits) and [m.group(1) for m in audits] == ["packed", "packed_warm", "chunked", "chunked_warm"], lines
+    assert all(line == "    sync: 1x planted sync <- canonical.py:1 take_tiles" for line in lines[1::3]), lines
+    assert all("take_tiles" in text for text in lines[2::3]), lines
