@@ -183,12 +183,13 @@ if [ -f "$new/h200.evidence.json" ]; then
       continue
     fi
     if [ "$group" = tile_ab ]; then
-      if [ -f "$new/tile_ab/gemm_tile_ab.json" ]; then continue; fi
+      if [ -f "$new/tile_ab/done" ]; then continue; fi
       budget=$(( $(left) - 10 ))
       if [ "$budget" -lt 45 ]; then note "tile A/B not started: $budget s left"; continue; fi
       t0=$(date +%s); mkdir -p "$new/tile_ab"
       timeout "$budget" python3 scripts/gemm_tile_ab.py "$new/tile_ab/gemm_tile_ab.json" > "$new/tile_ab/gemm_tile_ab.txt" 2>&1
-      note "tile A/B rc=$? in $(( $(date +%s) - t0 )) s (budget $budget s; rc 1: a variant's bits differ)"
+      rc=$?; case $rc in 0|1) touch "$new/tile_ab/done";; esac  # (a cut run keeps its rows so far, and runs again)
+      note "tile A/B rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s; rc 1: a variant's bits differ)"
       tail -40 "$new/tile_ab/gemm_tile_ab.txt"
       save
       continue
