@@ -59,6 +59,22 @@ save() {
   tar -czf "$out/.state.tar.gz" -C "$new" . && mv "$out/.state.tar.gz" "$out/state.tar.gz"
   tar -czf "$out/.logs.tar.gz" -C "$logs" . && mv "$out/.logs.tar.gz" "$out/logs.tar.gz"
 }
+# run_diag NAME LEAST "CODES" CMD...: an unsigned diagnostic writing into $new/NAME (its output in NAME/stdout.txt),
+# started with at least LEAST s left; done (never run again) once it exits with one of CODES; a run cut by the
+# deadline keeps what it wrote and runs again in the next call
+run_diag() {
+  local name=$1 least=$2 codes=$3 budget t0 rc; shift 3
+  [ -f "$new/$name/done" ] && return
+  budget=$(( $(left) - 10 ))
+  if [ "$budget" -lt "$least" ]; then note "$name not started: $budget s left"; return; fi
+  t0=$(date +%s); mkdir -p "$new/$name"
+  timeout "$budget" "$@" > "$new/$name/stdout.txt" 2>&1
+  rc=$?
+  case " $codes " in *" $rc "*) touch "$new/$name/done";; esac
+  note "$name rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s)"
+  tail -40 "$new/$name/stdout.txt"
+  save
+}
 note "--- call at $(date -u +%FT%TZ), deadline ${deadline} s"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
 if [ -d .whl ]; then
@@ -182,29 +198,13 @@ if [ -f "$new/h200.evidence.json" ]; then
       save
       continue
     fi
-    if [ "$group" = tile_ab ]; then
-      if [ -f "$new/tile_ab/done" ]; then continue; fi
-      budget=$(( $(left) - 10 ))
-      if [ "$budget" -lt 45 ]; then note "tile A/B not started: $budget s left"; continue; fi
-      t0=$(date +%s); mkdir -p "$new/tile_ab"
-      timeout "$budget" python3 scripts/gemm_tile_ab.py "$new/tile_ab/gemm_tile_ab.json" > "$new/tile_ab/gemm_tile_ab.txt" 2>&1
-      rc=$?; case $rc in 0|1) touch "$new/tile_ab/done";; esac  # (a cut run keeps its rows so far, and runs again)
-      note "tile A/B rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s; rc 1: a variant's bits differ)"
-      tail -40 "$new/tile_ab/gemm_tile_ab.txt"
-      save
+    if [ "$group" = tile_ab ]; then  # rc 1: a variant's bits differ (a finding: the run is done)
+      run_diag tile_ab 45 "0 1" python3 scripts/gemm_tile_ab.py "$new/tile_ab/gemm_tile_ab.json"
       continue
     fi
     if [ "$group" = host_audit ]; then
-      if [ -f "$new/host_audit/done" ]; then continue; fi
-      budget=$(( $(left) - 10 ))
-      if [ "$budget" -lt 30 ]; then note "host audit not started: $budget s left"; continue; fi
-      t0=$(date +%s); mkdir -p "$new/host_audit"
-      timeout "$budget" python3 scripts/host_probe.py "$new/host_audit" --op fold_plan --fold-plan-audit --steps 200 \
-        > "$new/host_audit/stdout.txt" 2>&1
-      rc=$?; [ $rc -eq 0 ] && touch "$new/host_audit/done"
-      note "host audit rc=$rc in $(( $(date +%s) - t0 )) s (budget $budget s)"
-      grep "audit:" "$new/host_audit/host_probe.txt" 2>/dev/null
-      save
+      run_diag host_audit 30 "0" python3 scripts/host_probe.py "$new/host_audit" --op fold_plan --fold-plan-audit \
+        --steps 200
       continue
     fi
     if [ "$group" = drift ]; then
