@@ -67,38 +67,37 @@ def python_loop_us() -> float:
     return HostTimer().host(_python_loop).median_ms * 1e3
 
 
-def fold_plan_block(say: Callable[[str], None], device: torch.device, steps: int, when: str) -> None:
-    """The fold_plan cases' host time per call, with the planner that ran and the host's speed around them."""
+def fold_plan_block(say: Callable[[str], None], device: torch.device, steps: int, when: str,
+                    audit_top: int | None = None) -> None:
+    """The fold_plan cases' host time per call, with the planner that ran and the host's speed around them.
+
+    ``audit_top`` (``--fold-plan-audit``): also where each case's host time goes on this host: the allocators'
+    events per step (pinned host blocks and device blocks allocated or freed: a caching allocator that cannot reuse
+    a block pays the driver), the synchronising calls of one step with the frames that made them, and a cProfile
+    of the steps (its top functions). Why: the CPU box plans a chunked call in ~33 us with the staging copies
+    stubbed, the lent H100 host paid ~290 us a call, and only the GPU host can say which CUDA host call takes the
+    rest."""
     planner = "compiled (gradsweep._fold_plan)" if canonical._native_plan is not None else "numpy"
     say(f"fold_plan, {when}: planner {planner}; Python loop ({PYTHON_LOOP} iterations) {python_loop_us():.1f} us")
     for case in fold_plan.cases(False):
         subject = fold_plan.PlanSubject(case, None, {}, device, 0)
         fn, calls = subject.host_step("host")
-        h, d = host_us(fn, calls, steps)
-        say(f"fold_plan {case.name}: host {h:.0f} us per call, drained {d:.0f} us")
-    say(f"fold_plan, {when}: Python loop after {python_loop_us():.1f} us")
-
-
-def fold_plan_audit(say: Callable[[str], None], device: torch.device, steps: int, top: int) -> None:
-    """Where each fold_plan case's host time goes on this host: the allocators' events per step (pinned host blocks
-    and device blocks allocated or freed: a caching allocator that cannot reuse a block pays the driver), the
-    synchronising calls of one step with the frames that made them, and a cProfile of the steps. Why: the CPU box
-    plans a chunked call in ~33 us with the staging copies stubbed, the lent H100 host paid ~290 us a call, and
-    only the GPU host can say which CUDA host call takes the rest."""
-    for case in fold_plan.cases(False):
-        subject = fold_plan.PlanSubject(case, None, {}, device, 0)
-        fn, calls = subject.host_step("host")
-        fn()
+        if audit_top is None:
+            h, d = host_us(fn, calls, steps)
+            say(f"fold_plan {case.name}: host {h:.0f} us per call, drained {d:.0f} us")
+            continue
+        fn()  # the first step's allocations are not a step's
         torch.cuda.synchronize()
         before = _alloc_counts()
         h, d = host_us(fn, calls, steps)
         after = _alloc_counts()
         events = {k: round((after[k] - before[k]) / (steps + 5), 2) for k in after if after[k] != before[k]}
-        say(f"fold_plan {case.name} audit: host {h:.0f} us per call, drained {d:.0f} us; allocator events per step "
+        say(f"fold_plan {case.name}: host {h:.0f} us per call, drained {d:.0f} us; allocator events per step "
             f"{events or 'none'}")
         for site in _sync_sites(fn):
             say(f"    sync: {site}")
-        say(profile(fn, max(steps // 2, 20), top))
+        say(profile(fn, max(steps // 2, 20), audit_top))
+    say(f"fold_plan, {when}: Python loop after {python_loop_us():.1f} us")
 
 
 def profile(step: Callable[[], object], n: int, top: int, on_caller: bool = False) -> str:
@@ -223,7 +222,7 @@ def main() -> None:
 
     device = torch.device("cuda")
     if args.fold_plan_audit:
-        fold_plan_audit(say, device, args.steps, args.top)
+        fold_plan_block(say, device, args.steps, "audit", audit_top=args.top)
     if args.fold_plan:
         fold_plan_block(say, device, args.steps, "first")
     ran_ops = False

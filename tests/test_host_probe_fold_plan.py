@@ -46,14 +46,18 @@ def test_the_block_names_the_compiled_planner_when_it_ran(cpu_block):
 
 
 def test_the_audit_reports_each_case_its_allocator_events_syncs_and_profile(cpu_block, monkeypatch):
-    """`--fold-plan-audit` (run on the GPU host by `h200_closeout.sh --host-audit`): one audit line per case, then
-    its profile, which names the planner's entry point (here with the CUDA allocator counters stubbed out)."""
+    """`--fold-plan-audit` (run on the GPU host by `h200_closeout.sh --host-audit`): the block's planner and host-speed
+    lines around one line per case with its allocator events, then its syncs and its profile, which names the
+    planner's entry point (here with the CUDA allocator counters stubbed out)."""
     monkeypatch.setattr(host_probe, "_alloc_counts", lambda: {"num_host_alloc": 0, "num_device_alloc": 0})
     monkeypatch.setattr(host_probe, "_sync_sites", lambda step: ["1x planted sync <- canonical.py:1 take_tiles"])
     lines: list[str] = []
-    host_probe.fold_plan_audit(lines.append, torch.device("cpu"), 2, 10)
-    audits = [re.fullmatch(r"fold_plan (\w+) audit: host \d+ us per call, drained \d+ us; allocator events per "
-                           r"step none", line) for line in lines[0::3]]
+    host_probe.fold_plan_block(lines.append, torch.device("cpu"), 2, "audit", audit_top=10)
+    assert re.fullmatch(r"fold_plan, audit: planner .+; Python loop \(200 iterations\) [\d.]+ us", lines[0]), lines
+    assert re.fullmatch(r"fold_plan, audit: Python loop after [\d.]+ us", lines[-1]), lines
+    body = lines[1:-1]
+    audits = [re.fullmatch(r"fold_plan (\w+): host \d+ us per call, drained \d+ us; allocator events per "
+                           r"step none", line) for line in body[0::3]]
     assert all(audits) and [m.group(1) for m in audits] == ["packed", "packed_warm", "chunked", "chunked_warm"], lines
-    assert all(line == "    sync: 1x planted sync <- canonical.py:1 take_tiles" for line in lines[1::3]), lines
-    assert all("take_tiles" in text for text in lines[2::3]), lines
+    assert all(line == "    sync: 1x planted sync <- canonical.py:1 take_tiles" for line in body[1::3]), lines
+    assert all("take_tiles" in text for text in body[2::3]), lines
