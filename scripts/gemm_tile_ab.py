@@ -130,6 +130,20 @@ def _force_dw(cfg: tuple | None) -> None:
     gemm._DW_CALLS.clear()
 
 
+def _failed(rows: list, case: str, name: str, exc: Exception) -> None:
+    """A variant that did not compile or fit (shared memory, registers): a finding, recorded, not a stop."""
+    msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    print(f"{case:26} {name:22} failed: {msg}", flush=True)
+    rows.append({"case": case, "variant": name, "error": msg})
+
+
+def _timed(rows: list, case: str, name: str, us: float, stock_us: float, same: bool) -> None:
+    """A variant's device time beside cuBLAS's, and whether its bits equal today's."""
+    print(f"{case:26} {name:22} {us:8.1f} {stock_us:8.1f} {us / stock_us:6.2f}x  {'equal' if same else 'DIFFER'}",
+          flush=True)
+    rows.append({"case": case, "variant": name, "us": us, "cublas_us": stock_us, "bits_equal": same})
+
+
 def dw_part(rows: list, gen: torch.Generator, steps: tuple[int, ...] = DW_STEPS, width: int = 4096,
             timer=graph_time_us, warm=heat) -> int:
     """Time and bit-check each dW variant; returns the number whose bits differ from today's. (``steps``, ``width``,
@@ -176,15 +190,11 @@ def dw_part(rows: list, gen: torch.Generator, steps: tuple[int, ...] = DW_STEPS,
                 fold_once()
                 same = torch.equal(work.view(torch.int32), today_bits)
                 t_cfg = timer(fold_once)
-            except Exception as exc:  # a variant that does not fit (shared memory, registers) is a finding
-                msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
-                print(f"{case:26} {name:22} failed: {msg}", flush=True)
-                rows.append({"case": case, "variant": name, "error": msg})
+            except Exception as exc:
+                _failed(rows, case, name, exc)
                 continue
             bad += not same
-            print(f"{case:26} {name:22} {t_cfg:8.1f} {t_stock:8.1f} {t_cfg / t_stock:6.2f}x  "
-                  f"{'equal' if same else 'DIFFER'}", flush=True)
-            rows.append({"case": case, "variant": name, "us": t_cfg, "cublas_us": t_stock, "bits_equal": same})
+            _timed(rows, case, name, t_cfg, t_stock, same)
         _force_dw(None)
     return bad
 
@@ -226,16 +236,12 @@ def main(path: str) -> int:
                     run()
                     torch.cuda.synchronize()
                     t = graph_time_us(run)
-                except Exception as exc:  # a variant that does not compile is a finding, not a stop
-                    msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
-                    print(f"{case:26} {variant[0]:22} failed: {msg}", flush=True)
-                    rows.append({"case": case, "variant": variant[0], "error": msg})
+                except Exception as exc:
+                    _failed(rows, case, variant[0], exc)
                     continue
                 same = torch.equal(out.view(torch.int16), today_bits)
                 bad += not same
-                print(f"{case:26} {variant[0]:22} {t:8.1f} {t_stock:8.1f} {t / t_stock:6.2f}x  "
-                      f"{'equal' if same else 'DIFFER'}", flush=True)
-                rows.append({"case": case, "variant": variant[0], "us": t, "cublas_us": t_stock, "bits_equal": same})
+                _timed(rows, case, variant[0], t, t_stock, same)
     save(path, rows)
     return 1 if bad else 0
 
