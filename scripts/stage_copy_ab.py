@@ -1,0 +1,142 @@
+"""The fold's staging copy two ways, host and device time: a diagnostic for issue 13 (not a benchmark).
+
+Today a staged fold call builds a [2, rows] int64 index on the host (source row, staging row of every staged
+row), uploads it, and runs ``index_select`` + ``index_copy_`` per row tensor (two launches each, and a temporary
+the size of the staged rows). The alternative timed here: the staged rows described by their pieces (source row,
+staging row, length: ~25 a call) and one Triton launch per tensor that copies each piece's rows straight into
+the staging tensor (FastLaunch, the family's launch path). Same bytes moved once instead of twice; O(pieces)
+uploaded instead of O(rows). Both sides are checked bit-equal; host figures are per call (issue time, device not
+drained), device figures with the device drained.
+
+    PYTHONPATH=. python3 scripts/stage_copy_ab.py OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from gradsweep.triton_kernels._launch import FastLaunch
+from gradsweep.uploads import upload
+
+
+@triton.jit
+def _piece_copy_kernel(pieces, src, dst, WIDTH: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """Program (p, b): rows b*BR .. of piece p (src row, dst row, length), every column, src -> dst."""
+    p = tl.program_id(0)
+    b = tl.program_id(1)
+    s0 = tl.load(pieces + p * 3)
+    d0 = tl.load(pieces + p * 3 + 1)
+    n = tl.load(pieces + p * 3 + 2)
+    r = b * BR + tl.arange(0, BR)
+    live = r < n
+    srow = (s0 + r).to(tl.int64) * WIDTH
+    drow = (d0 + r).to(tl.int64) * WIDTH
+    for c in tl.static_range(0, WIDTH, BC):  # (a program past its piece's end masks every row: no traffic)
+        cols = c + tl.arange(0, BC)
+        m = live[:, None] & (cols[None, :] < WIDTH)
+        v = tl.load(src + srow[:, None] + cols[None, :], mask=m)
+        tl.store(dst + drow[:, None] + cols[None, :], v, mask=m)
+
+
+_COPY = FastLaunch(_piece_copy_kernel)
+
+
+def pieces_of(rng: np.random.Generator, rows: int, staged: int, n_pieces: int) -> np.ndarray:
+    """[P, 3] int32 (src row, dst row, length): disjoint source and staging ranges, ``staged`` rows in all."""
+    cuts = np.sort(rng.choice(np.arange(1, staged), size=n_pieces - 1, replace=False))
+    length = np.diff(np.concatenate(([0], cuts, [staged])))
+    dst = np.concatenate(([0], np.cumsum(length)[:-1]))
+    order = rng.permutation(n_pieces)
+    gaps = rng.integers(0, (rows - staged) // n_pieces, size=n_pieces)
+    lens = length[order]
+    src_of = np.empty(n_pieces, dtype=np.int64)
+    src_of[order] = np.cumsum(gaps + lens) - lens  # each piece after the one before it and a gap: disjoint
+    return np.stack([src_of, dst, length], 1).astype(np.int32)
+
+
+def index_of(pieces: np.ndarray) -> np.ndarray:
+    """Today's [2, rows] int64 index (as canonical._piece_rows builds it)."""
+    src0, dst0, length = (pieces[:, i].astype(np.int64) for i in range(3))
+    ends = np.add.accumulate(length)
+    shift = ends - length
+    out = np.array((src0 - shift, dst0 - shift)).repeat(length, axis=1)
+    out += np.arange(int(ends[-1]), dtype=np.int64)
+    return out
+
+
+def today(pieces: np.ndarray, tensors, stages, device) -> None:
+    idx = upload(index_of(pieces), device)
+    src, dst = idx.unbind(0)
+    for st, t in zip(stages, tensors):
+        st.index_copy_(0, dst, t.index_select(0, src))
+
+
+def by_pieces(pieces: np.ndarray, tensors, stages, device, br: int = 16, bc: int = 512) -> None:
+    dev = upload(pieces, device)
+    grid = (pieces.shape[0], triton.cdiv(int(pieces[:, 2].max()), br))
+    for st, t in zip(stages, tensors):
+        _COPY(grid, [dev, t, st], {"WIDTH": t.shape[1], "BR": br, "BC": bc}, num_warps=4)
+
+
+def timed(fn, steps: int, drained: bool) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+        if drained:
+            torch.cuda.synchronize()
+    if not drained:
+        host = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return host / steps * 1e6
+    return (time.perf_counter() - t0) / steps * 1e6
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("out", type=Path)
+    p.add_argument("--steps", type=int, default=200)
+    args = p.parse_args()
+    device = torch.device("cuda")
+    rng = np.random.default_rng(0)
+    results, ok = [], True
+    for rows, width, staged, n_pieces in [(16384, 4096, 5000, 25), (16384, 4096, 600, 13), (4096, 4096, 1500, 8)]:
+        pieces = pieces_of(rng, rows, staged, n_pieces)
+        tensors = [torch.randn(rows, width, device=device).to(torch.bfloat16) for _ in range(2)]
+        stage_a = [torch.zeros(staged, width, device=device, dtype=torch.bfloat16) for _ in range(2)]
+        stage_b = [torch.zeros_like(s) for s in stage_a]
+        today(pieces, tensors, stage_a, device)
+        by_pieces(pieces, tensors, stage_b, device)
+        torch.cuda.synchronize()
+        equal = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(stage_a, stage_b))
+        ok &= equal
+        row = {"rows": rows, "width": width, "staged": staged, "pieces": n_pieces, "bits_equal": equal}
+        sides = (("index_select+index_copy_", today, stage_a), ("piece copy", by_pieces, stage_b))
+        for name, side, stages in sides:
+            def fn(side=side, stages=stages, pieces=pieces, tensors=tensors) -> None:
+                side(pieces, tensors, stages, device)
+
+            host = statistics.median(timed(fn, args.steps, False) for _ in range(3))
+            dev = statistics.median(timed(fn, args.steps // 4, True) for _ in range(3))
+            row[name] = {"host_us": host, "drained_us": dev}
+            print(f"rows {rows} staged {staged} in {n_pieces} pieces, width {width} x2: {name:26s} "
+                  f"host {host:6.1f} us  drained {dev:6.1f} us  bits {'equal' if equal else 'DIFFER'}", flush=True)
+        results.append(row)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "results": results}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
