@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gradsweep.canonical import _piece_rows
 from gradsweep.triton_kernels._launch import FastLaunch
 from gradsweep.uploads import upload
 
@@ -64,13 +65,9 @@ def pieces_of(rng: np.random.Generator, rows: int, staged: int, n_pieces: int) -
 
 
 def index_of(pieces: np.ndarray) -> np.ndarray:
-    """Today's [2, rows] int64 index (as canonical._piece_rows builds it)."""
-    src0, dst0, length = (pieces[:, i].astype(np.int64) for i in range(3))
-    ends = np.add.accumulate(length)
-    shift = ends - length
-    out = np.array((src0 - shift, dst0 - shift)).repeat(length, axis=1)
-    out += np.arange(int(ends[-1]), dtype=np.int64)
-    return out
+    """Today's [2, rows] int64 index: the fold's own expansion of the pieces (``canonical._piece_rows``)."""
+    src0, dst0, length = pieces.T.astype(np.int64)
+    return _piece_rows(src0, dst0, length)
 
 
 def today(pieces: np.ndarray, tensors, stages, device) -> None:
