@@ -33,7 +33,7 @@ harness code. Launch a step's kernels before the fold's next take (staging block
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -41,6 +41,10 @@ import numpy as np
 import torch
 
 from gradsweep.uploads import upload, upload_parts
+
+# A family's staging copy by pieces: (pieces [P, 3] int32 on the device: source row, staging row, length; the source
+# row tensor; its staging tensor; the longest piece's length) -> None, every piece's rows copied source -> staging.
+PieceCopy = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
 
 try:  # the compiled planner (csrc/host/fold_plan.cpp): the numpy path's plans, without numpy's per-call cost
     from gradsweep import _fold_plan as _native_plan
@@ -709,15 +713,21 @@ class CanonicalFold:
         self.cursor = c1
         return blocks
 
-    def take_tiles(self, rows: RowIdentity, tensors: Sequence[torch.Tensor]) -> TileStep:
-        """Register one call's rows (and the row tensors a fold reads); describe the tiles to fold now."""
+    def take_tiles(self, rows: RowIdentity, tensors: Sequence[torch.Tensor],
+                   stage_copy: PieceCopy | None = None) -> TileStep:
+        """Register one call's rows (and the row tensors a fold reads); describe the tiles to fold now.
+
+        ``stage_copy`` (a family's piece copy, ``PieceCopy``): the rows to stage go to the device as their pieces
+        (source row, staging row, length) and that kernel copies them, one launch per row tensor; None: torch's
+        ``index_select`` + ``index_copy_`` over an uploaded row index. Either way the same rows land in the same
+        staging rows (a copy), so the fold's bits are the same."""
         tensors = tuple(tensors)
         self._check_tensors(rows, tensors)
         runs = rows.runs
         device = tensors[0].device if tensors else torch.device("cpu")
         c0, tile = self.cursor, self.tile
         key = self._transition_key("tiles", runs, device)
-        seq = self._follow("tiles", runs, device, tensors)
+        seq = self._follow("tiles" if stage_copy is None else "tiles/pieces", runs, device, tensors)
         hit = self._replay(key)
         if hit is not None:
             return TileStep(hit[0], hit[1], tensors, 0, c0, tile, hit[2])
@@ -730,7 +740,7 @@ class CanonicalFold:
             whole = self._layout.whole_step(runs)
             if whole is not None:
                 return self._take_whole_step(whole, runs, tensors, key, device)
-        desc_dev, desc, stage_rows, in_place, copy = self._plan_tiles(runs, tensors, device)
+        desc_dev, desc, stage_rows, in_place, copy = self._plan_tiles(runs, tensors, device, stage_copy)
         stage = self._staging() if stage_rows else tensors
         step = TileStep(desc_dev, _frozen(desc), stage, stage_rows, c0, tile, in_place)
         if in_place == runs.total and key is not None:  # nothing staged, carried or waiting: keyed by the state
@@ -739,8 +749,8 @@ class CanonicalFold:
             self._remember_staged(seq, copy, (step.desc, desc, stage_rows, in_place))
         return step
 
-    def _plan_tiles(self, runs: Runs, tensors: tuple[torch.Tensor, ...],
-                    device: torch.device) -> tuple[torch.Tensor, np.ndarray, int, int, tuple | None]:
+    def _plan_tiles(self, runs: Runs, tensors: tuple[torch.Tensor, ...], device: torch.device,
+                    stage_copy: PieceCopy | None = None) -> tuple[torch.Tensor, np.ndarray, int, int, tuple | None]:
         """Register the call, stage its rows that no ready tile reads in place, release the ready tiles; return
         their descriptors (on ``device`` and on the host), the staging rows they read, the rows read in place and
         the staging copy. The staging copy's row index and the descriptors go to the device in one upload
@@ -751,33 +761,38 @@ class CanonicalFold:
         is split between runs or calls, or not ready. Planned by the compiled planner where it was built (one pass
         in C++, csrc/host/fold_plan.cpp), else in numpy (``_plan_host``): the same values in the same order
         (tests/test_fold_plan_native.py). The staging allocation, copy and uploads are torch's either way."""
+        as_pieces = stage_copy is not None
         if _native_plan is None:
-            desc, stage_rows, in_place, staged = self._plan_host(runs, tensors)
+            desc, stage_rows, in_place, staged = self._plan_host(runs, tensors, as_pieces)
         else:
-            desc, stage_rows, in_place, staged = self._planned(False, runs, tensors)
+            desc, stage_rows, in_place, staged = self._planned(False, runs, tensors, as_pieces)
         if staged is not None and staged[0] == "index":  # the staging index and the descriptors in one copy
             index, desc_dev = upload_parts((staged[1], desc), device)
             copy = ("index", index)
+        elif staged is not None and staged[0] == "pieces":  # the pieces and the descriptors in one copy
+            pieces, desc_dev = upload_parts((staged[1], desc), device)
+            copy = ("pieces", pieces, stage_copy, int(staged[1][:, 2].max()))
         else:  # nothing staged, or one slice (no index to upload)
             copy, desc_dev = staged, upload(desc, device)
         if copy is not None:
             _run_stage_copy(self._backing, tensors, copy)
         return desc_dev, desc, stage_rows, in_place, copy
 
-    def _planned(self, table: bool, runs: Runs, tensors: tuple[torch.Tensor, ...]) -> tuple:
+    def _planned(self, table: bool, runs: Runs, tensors: tuple[torch.Tensor, ...], as_pieces: bool = False) -> tuple:
         """One call through the compiled planner (``take``'s row table, else ``take_tiles``' descriptors): the fold's
         new state taken from it (the staging grown to the capacity it asked for first, while the cursor still says
         which tiles are left), its plan returned. The block table is updated in place by the planner."""
         lo, hi, cursor, free, cap, plan = _native_plan.plan_call(
             table, runs.sample, runs.pos0, runs.row0, runs.length, self._slot_base, self._slot_end,
             self._layout.expected, self.tile, self.total_tiles, self._lo, self._hi, self.cursor, self._block_of_tile,
-            self._free, self._stage_blocks, bool(tensors))
+            self._free, self._stage_blocks, bool(tensors), as_pieces)
         if cap > self._stage_blocks:
             self._grow_stage(tensors, cap)
         self._lo, self._hi, self.cursor, self._free = lo, hi, cursor, free
         return plan
 
-    def _plan_host(self, runs: Runs, tensors: tuple[torch.Tensor, ...]) -> tuple[np.ndarray, int, int, tuple | None]:
+    def _plan_host(self, runs: Runs, tensors: tuple[torch.Tensor, ...],
+                   as_pieces: bool = False) -> tuple[np.ndarray, int, int, tuple | None]:
         """The numpy planner (the compiled one's reference): the call registered, its staged rows given blocks,
         the ready tiles released; (descriptors, staging rows, rows read in place, the copy as ``("slice", dst,
         src, rows)`` or ``("index", [2, rows] host index)``, or None)."""
@@ -804,7 +819,7 @@ class CanonicalFold:
             desc[:, 1] = self._layout.expected[c0:c1]
             stage_rows = (int(blocks.max()) + 1) * self.tile  # (0 when no ready tile is staged: blocks are -1)
             in_place = int(length[d].sum())
-        return desc, stage_rows, in_place, None if staged is None else _host_copy(*staged)
+        return desc, stage_rows, in_place, None if staged is None else _host_copy(*staged, as_pieces=as_pieces)
 
     def _take_whole_step(self, row0: np.ndarray, runs: Runs, tensors: tuple[torch.Tensor, ...], key: tuple | None,
                          device: torch.device) -> TileStep:
@@ -910,10 +925,13 @@ def _stage_copy(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray, device: 
     return _on_device(_host_copy(src0, dst0, length), device)
 
 
-def _host_copy(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray) -> tuple:
-    """``_stage_copy`` with its index still on the host (the compiled planner returns this form too)."""
+def _host_copy(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray, as_pieces: bool = False) -> tuple:
+    """``_stage_copy`` with its index still on the host (the compiled planner returns this form too); with
+    ``as_pieces`` the pieces themselves, [pieces, 3] int32 (source row, staging row, length), for a piece copy."""
     if len(length) == 1:  # one slice: no index upload
         return ("slice", int(dst0[0]), int(src0[0]), int(length[0]))
+    if as_pieces:
+        return ("pieces", np.stack((src0, dst0, length), axis=1).astype(np.int32))
     return ("index", _piece_rows(src0, dst0, length))
 
 
@@ -927,6 +945,11 @@ def _run_stage_copy(stage: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor
         _, d, r, n = copy
         for st, t in zip(stage, tensors):
             st[d:d + n].copy_(t[r:r + n])
+        return
+    if copy[0] == "pieces":  # a family's piece copy: one launch per row tensor
+        _, pieces, piece_copy, longest = copy
+        for st, t in zip(stage, tensors):
+            piece_copy(pieces, t, st, longest)
         return
     src, dst = copy[1].unbind(0)  # source rows, staging rows (H200 host: 3.2 us, two selects 4.3 us)
     for st, t in zip(stage, tensors):

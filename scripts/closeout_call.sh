@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One closeout device call with its set-up, for `run`:
-#   KEY=.keys/K.pem [PRETEST=1 [REVERT="a.patch b.patch ..."]] [BUDGET=s] bash scripts/closeout_call.sh STATE [closeout args...]
-# (installs .whl, puts the carried _C / _fold_plan in place; PRETEST=1 first runs the dW fold GPU test and, if it
-# fails, reverses the REVERT patches (given in the order they were applied) before the sweep, so that unproven
-# patches never reach signed evidence; then scripts/h200_closeout.sh with OUT=$OUT)
+#   KEY=.keys/K.pem [PRETEST=1 | GATE="command"] [REVERT="a.patch b.patch ..."] [BUDGET=s] \
+#     bash scripts/closeout_call.sh STATE [closeout args...]
+# (installs .whl, puts the carried _C / _fold_plan in place; PRETEST=1 first runs the dW fold GPU test, GATE runs
+# any command (an A/B that must show its gain, say; its output in OUT/gate.txt), and if that fails, reverses the
+# REVERT patches (given in the order they were applied) before the sweep, so that unproven patches never reach
+# signed evidence; where STATE/reverted/ holds .so files, they replace the carried ones (an extension built from
+# the patched csrc/ must not be signed with the reverted source); then scripts/h200_closeout.sh with OUT=$OUT)
 set -u
 : "${KEY:?KEY=the signing key (.pem)}"
 t0=$(date +%s)
@@ -17,6 +20,15 @@ if [ "${PRETEST:-0}" = 1 ]; then
   if [ $rc != 0 ] && [ -n "${REVERT:-}" ]; then
     for p in $(printf '%s\n' $REVERT | tac); do patch -R -p1 -s < "$p"; done
     echo "REVERTED: $REVERT" | tee -a $OUT/gputest.txt
+  fi
+fi
+if [ -n "${GATE:-}" ]; then
+  timeout -k 5 170 bash -c "$GATE" > $OUT/gate.txt 2>&1; rc=$?
+  echo "gate rc=$rc $(( $(date +%s)-t0 )) s" | tee -a $OUT/gate.txt; tail -12 $OUT/gate.txt
+  if [ $rc != 0 ] && [ -n "${REVERT:-}" ]; then
+    for p in $(printf '%s\n' $REVERT | tac); do patch -R -p1 -s < "$p"; done
+    if ls "$1"/reverted/*.so > /dev/null 2>&1; then cp "$1"/reverted/*.so "$1"/ && cp "$1"/reverted/*.so gradsweep/; fi
+    echo "REVERTED: $REVERT" | tee -a $OUT/gate.txt
   fi
 fi
 dl=$(( ${BUDGET:-585} - ($(date +%s) - t0) ))

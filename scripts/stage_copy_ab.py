@@ -1,12 +1,12 @@
 """The fold's staging copy two ways, host and device time: a diagnostic for issue 13 (not a benchmark).
 
-Today a staged fold call builds a [2, rows] int64 index on the host (source row, staging row of every staged
-row), uploads it, and runs ``index_select`` + ``index_copy_`` per row tensor (two launches each, and a temporary
-the size of the staged rows). The alternative timed here: the staged rows described by their pieces (source row,
-staging row, length: ~25 a call) and one Triton launch per tensor that copies each piece's rows straight into
-the staging tensor (FastLaunch, the family's launch path). Same bytes moved once instead of twice; O(pieces)
-uploaded instead of O(rows). Both sides are checked bit-equal; host figures are per call (issue time, device not
-drained), device figures with the device drained.
+Without a piece copy, a staged fold call builds a [2, rows] int64 index on the host (source row, staging row of
+every staged row), uploads it, and runs ``index_select`` + ``index_copy_`` per row tensor (two launches each,
+and a temporary the size of the staged rows). The Triton family's piece copy
+(``gradsweep.triton_kernels.stage_copy.copy_pieces``) takes the staged rows as their pieces (source row, staging
+row, length: ~25 a call) and copies each piece's rows straight into the staging tensor, one launch per tensor:
+the same bytes moved once instead of twice, O(pieces) uploaded instead of O(rows). Both sides are checked
+bit-equal; host figures are per call (issue time, device not drained), device figures with the device drained.
 
     PYTHONPATH=. python3 scripts/stage_copy_ab.py OUT.json
 """
@@ -21,34 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 from gradsweep.canonical import _piece_rows
-from gradsweep.triton_kernels._launch import FastLaunch
+from gradsweep.triton_kernels.stage_copy import copy_pieces
 from gradsweep.uploads import upload
-
-
-@triton.jit
-def _piece_copy_kernel(pieces, src, dst, WIDTH: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
-    """Program (p, b): rows b*BR .. of piece p (src row, dst row, length), every column, src -> dst."""
-    p = tl.program_id(0)
-    b = tl.program_id(1)
-    s0 = tl.load(pieces + p * 3)
-    d0 = tl.load(pieces + p * 3 + 1)
-    n = tl.load(pieces + p * 3 + 2)
-    r = b * BR + tl.arange(0, BR)
-    live = r < n
-    srow = (s0 + r).to(tl.int64) * WIDTH
-    drow = (d0 + r).to(tl.int64) * WIDTH
-    for c in tl.static_range(0, WIDTH, BC):  # (a program past its piece's end masks every row: no traffic)
-        cols = c + tl.arange(0, BC)
-        m = live[:, None] & (cols[None, :] < WIDTH)
-        v = tl.load(src + srow[:, None] + cols[None, :], mask=m)
-        tl.store(dst + drow[:, None] + cols[None, :], v, mask=m)
-
-
-_COPY = FastLaunch(_piece_copy_kernel)
 
 
 def pieces_of(rng: np.random.Generator, rows: int, staged: int, n_pieces: int) -> np.ndarray:
@@ -77,11 +53,11 @@ def today(pieces: np.ndarray, tensors, stages, device) -> None:
         st.index_copy_(0, dst, t.index_select(0, src))
 
 
-def by_pieces(pieces: np.ndarray, tensors, stages, device, br: int = 16, bc: int = 512) -> None:
+def by_pieces(pieces: np.ndarray, tensors, stages, device) -> None:
     dev = upload(pieces, device)
-    grid = (pieces.shape[0], triton.cdiv(int(pieces[:, 2].max()), br))
+    longest = int(pieces[:, 2].max())
     for st, t in zip(stages, tensors):
-        _COPY(grid, [dev, t, st], {"WIDTH": t.shape[1], "BR": br, "BC": bc}, num_warps=4)
+        copy_pieces(dev, t, st, longest)
 
 
 def timed(fn, steps: int, drained: bool) -> float:

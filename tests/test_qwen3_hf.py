@@ -21,7 +21,7 @@ import transformers  # a test dependency (CPU only): a missing one fails here, i
 
 from gradsweep.canonical import RowIdentity
 from gradsweep.contract import load_contract
-from gradsweep.harness.accuracy import check_accuracy
+from gradsweep.harness.accuracy import check_accuracy, stock_error_of
 from gradsweep.manifest import MANIFEST_DIR
 from gradsweep.nn import Qwen3Decoder, new_context, reference_logp
 from gradsweep.nn.hf import chain_weights, hf_gradients, hf_name, shape_from_config
@@ -111,7 +111,8 @@ def compare(fields: dict, lengths: list[int], device: str) -> dict[str, dict[str
     for name in ref:
         kind = "forward" if name == "logp" else "gradient"
         for who, run in (("triton", cand), ("reference", ours64)):
-            acc = check_accuracy(contract, "chain", profile, name, kind, "bf16", run[name], stock[name], ref[name])
+            acc = check_accuracy(contract, "chain", profile, name, kind, "bf16", run[name], ref[name],
+                                 stock_error=stock_error_of(stock[name], ref[name]))
             out[who][name] = (acc.error, acc.stock_error, acc.bound)
     return out
 

@@ -28,7 +28,7 @@ def test_the_piece_copy_stages_what_the_index_ops_stage() -> None:
     b = [torch.full_like(s, 7.0) for s in a]
     cpu = torch.device("cpu")
     today(pieces, tensors, a, cpu)
-    by_pieces(pieces, tensors, b, cpu, br=16, bc=32)
+    by_pieces(pieces, tensors, b, cpu)
     for x, y in zip(a, b):
         assert torch.equal(x.view(torch.int16), y.view(torch.int16))
     assert (a[0] != 0).all()

@@ -129,8 +129,9 @@ struct CallPlan {
 
   // _stage_pieces: staging blocks for the staged pieces' tiles (fresh tiles take the lowest free blocks, the
   // capacity grown as _make_room does); the copy as ("slice", dst, src, rows) or ("index", [2, rows]: the
-  // source and staging row of every staged row in piece order, _piece_rows), or None
-  py::object stage(const std::vector<Piece>& staged) {
+  // source and staging row of every staged row in piece order, _piece_rows) or, with as_pieces, ("pieces",
+  // [pieces, 3] int32: the source row, staging row and length of every staged piece, for a piece copy), or None
+  py::object stage(const std::vector<Piece>& staged, bool as_pieces) {
     if (staged.empty()) return py::none();
     std::vector<int64_t> tiles;
     tiles.reserve(staged.size());
@@ -153,6 +154,16 @@ struct CallPlan {
     if (staged.size() == 1) {
       const Piece& pc = staged[0];
       return py::make_tuple("slice", (block[pc.tile] - pc.tile) * tile + pc.lo, pc.row, pc.len);
+    }
+    if (as_pieces) {
+      py::array_t<int32_t> pieces({static_cast<int64_t>(staged.size()), int64_t{3}});
+      int32_t* q = pieces.mutable_data();
+      for (const Piece& pc : staged) {
+        *q++ = static_cast<int32_t>(pc.row);
+        *q++ = static_cast<int32_t>((block[pc.tile] - pc.tile) * tile + pc.lo);
+        *q++ = static_cast<int32_t>(pc.len);
+      }
+      return py::make_tuple("pieces", pieces);
     }
     int64_t rows = 0;
     for (const Piece& pc : staged) rows += pc.len;
@@ -184,7 +195,7 @@ struct CallPlan {
 
 // The plan of one take_tiles call (see CanonicalFold._plan_tiles), the call registered and advanced: desc
 // [c1 - c0, 2] int32, stage_rows, in_place, the staging copy or None.
-py::tuple describe_tiles(CallPlan& c, int64_t& cursor, bool stage) {
+py::tuple describe_tiles(CallPlan& c, int64_t& cursor, bool stage, bool pieces) {
   const int64_t tile = c.tile;
   // runs in slot order when tiles are ready (the descriptors' order), else as given (numpy's argsort sorts
   // distinct keys: slots of different runs never coincide)
@@ -198,7 +209,7 @@ py::tuple describe_tiles(CallPlan& c, int64_t& cursor, bool stage) {
   c.for_each_piece(order, [&](const Piece& pc) {
     (pc.tile < c.c1 && pc.len == c.exp[pc.tile] ? direct : staged).push_back(pc);
   });
-  py::object copy = stage ? c.stage(staged) : py::none();
+  py::object copy = stage ? c.stage(staged, pieces) : py::none();
   py::array_t<int32_t> desc({c.c1 - c.c0, int64_t{2}});
   int32_t* d = desc.mutable_data();
   int64_t stage_rows = 0, in_place = 0;
@@ -224,13 +235,13 @@ py::tuple describe_tiles(CallPlan& c, int64_t& cursor, bool stage) {
 // The plan of one take call (see CanonicalFold.take), the call registered and advanced: the ready tiles as a
 // [c1 - c0, tile] int32 row table (staging rows 0 .. n_stage - 1 first, then the call's rows offset by n_stage;
 // -1 a zero row), n_stage, the staging copy or None, whether every piece was ready.
-py::tuple describe_table(CallPlan& c, int64_t& cursor, bool stage) {
+py::tuple describe_table(CallPlan& c, int64_t& cursor, bool stage, bool pieces) {
   const int64_t tile = c.tile;
   std::vector<int64_t> order(c.n_runs);
   std::iota(order.begin(), order.end(), 0);  // runs as given
   std::vector<Piece> ready, staged;  // staged: every piece of a tile that is not ready
   c.for_each_piece(order, [&](const Piece& pc) { (pc.tile < c.c1 ? ready : staged).push_back(pc); });
-  py::object copy = stage ? c.stage(staged) : py::none();
+  py::object copy = stage ? c.stage(staged, pieces) : py::none();
   const std::vector<int64_t> blocks = c.release();
   const int64_t n_ready = c.c1 - c.c0;
   int64_t n_stage = 0;
@@ -251,17 +262,18 @@ py::tuple describe_table(CallPlan& c, int64_t& cursor, bool stage) {
 }
 
 // One call of CanonicalFold.take_tiles (table false) or take (table true): the fold's state after it (lo, hi,
-// cursor, free list, stage blocks after growth; the block table updated in place), then its plan.
+// cursor, free list, stage blocks after growth; the block table updated in place), then its plan (with pieces, its
+// staging copy as pieces rather than a row index).
 py::tuple plan_call(bool table, const I64& sample, const I64& pos0, const I64& row0, const I64& length,
                     const I64& slot_base, const I64& slot_end, const I64& expected, int64_t tile, int64_t total_tiles,
                     const I64& lo_in, const I64& hi_in, int64_t cursor,
                     py::array_t<int64_t, py::array::c_style> block_of_tile, const std::vector<int64_t>& free_in,
-                    int64_t stage_blocks, bool stage) {
+                    int64_t stage_blocks, bool stage, bool pieces) {
   CallPlan c(sample, pos0, row0, length, slot_base, slot_end, expected, tile, total_tiles, block_of_tile, free_in,
              stage_blocks);
   c.register_runs(lo_in, hi_in);
   c.advance(cursor);
-  py::tuple plan = table ? describe_table(c, cursor, stage) : describe_tiles(c, cursor, stage);
+  py::tuple plan = table ? describe_table(c, cursor, stage, pieces) : describe_tiles(c, cursor, stage, pieces);
   return py::make_tuple(vec_array(c.lo), vec_array(c.hi), cursor, c.free_list, c.cap, plan);
 }
 

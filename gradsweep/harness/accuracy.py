@@ -32,22 +32,23 @@ class AccuracyCheck:
 
 
 def check_accuracy(contract: Contract, op: str, profile: str, name: str, kind: str,
-                   accumulation: AccumulationClass, candidate: torch.Tensor, stock: torch.Tensor | None,
-                   reference: torch.Tensor, start: torch.Tensor | None = None,
-                   stock_error: float | None = None) -> AccuracyCheck:
+                   accumulation: AccumulationClass, candidate: torch.Tensor, reference: torch.Tensor,
+                   start: torch.Tensor | None = None, *, stock_error: float) -> AccuracyCheck:
     """error(candidate) <= k * error(stock, same class) + floor, with k and floor from the contract only.
 
-    ``stock_error``: the stock tensor's error when the caller already has it (the harness computes it once per
-    op); otherwise it is taken from ``stock`` (0.0 without one)."""
+    ``stock_error``: the stock run's error in the same class (``stock_error_of``; the harness computes it once
+    per op). One way in, so a caller cannot hand a stock tensor and a different figure at once."""
     check = CheckKind.FORWARD_ACCURACY if kind == "forward" else CheckKind.GRADIENT_ACCURACY
     rule = contract.resolve(check, op, name, str(candidate.dtype).removeprefix("torch."), profile, accumulation)
     assert isinstance(rule, RatioRule)
     err = normwise_error(candidate, reference, start)
-    if stock_error is not None:
-        stock_err = stock_error
-    else:
-        stock_err = normwise_error(stock, reference, start) if stock is not None else 0.0
-    return AccuracyCheck(name, err, stock_err, rule.bound(stock_err), accumulation)
+    return AccuracyCheck(name, err, stock_error, rule.bound(stock_error), accumulation)
+
+
+def stock_error_of(stock: torch.Tensor | None, reference: torch.Tensor, start: torch.Tensor | None = None) -> float:
+    """The stock tensor's error against the reference (0.0 where the stock run has no such tensor: the bound is
+    then the contract's floor alone)."""
+    return normwise_error(stock, reference, start) if stock is not None else 0.0
 
 
 def baseline_accuracy(name: str, candidate: torch.Tensor, reference: torch.Tensor,

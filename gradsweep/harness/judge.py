@@ -54,14 +54,15 @@ class OpBaselines:
     parked: bool = False                 # reference and stock runs wait in host memory (``park_baselines``)
     stock_errors: dict[tuple[str, str], float] = field(default_factory=dict)  # (tensor, class) -> stock error
 
-    def stock_error(self, name: str, accumulation: str) -> float | None:
+    def stock_error(self, name: str, accumulation: str) -> float:
         """The stock run's error in ``accumulation``'s class, computed once per op (every cell of every profile
-        is bounded by the same figure; parked, each computation is an upload of the reference)."""
+        is bounded by the same figure; parked, each computation is an upload of the reference). 0.0 where the
+        stock run has no such tensor: the bound is then the contract's floor alone."""
         key = (name, accumulation)
         if key not in self.stock_errors:
             run = self.stock_fp32 if accumulation == "fp32" else self.stock_bf16
             stock = run.tensors.get(name)
-            self.stock_errors[key] = None if stock is None else \
+            self.stock_errors[key] = 0.0 if stock is None else \
                 normwise_error(stock, self.reference[name], self.grad_starts.get(name), device=self.device)
         return self.stock_errors[key]
 
@@ -92,13 +93,12 @@ def park_baselines(b: OpBaselines) -> OpBaselines:
 
 
 def _maybe_park(b: OpBaselines, device: torch.device) -> OpBaselines:
+    """``b`` parked when it is large for ``device``. The device copies are freed once the caller drops ``b``
+    (the caching allocator reuses them for the cells; nothing here can return them to the driver earlier)."""
     if device.type != "cuda" or not should_park(_nbytes(_held(b)), torch.cuda.get_device_properties(device)
                                                 .total_memory):
         return b
-    parked = park_baselines(b)
-    del b
-    torch.cuda.empty_cache()
-    return parked
+    return park_baselines(b)
 
 
 @dataclass
@@ -232,8 +232,8 @@ def _accuracy(contract: Contract, op: OpSpec, candidate: Candidate, profile: str
     if is_baseline:
         return baseline_accuracy(name, run.tensors[name], ref, start)
     klass = contract.accumulation_class(op.name, name, candidate.family)
-    return check_accuracy(contract, op.name, profile, name, kind, klass, run.tensors[name], None, ref, start,
-                          stock_error=base_line.stock_error(name, klass) or 0.0)
+    return check_accuracy(contract, op.name, profile, name, kind, klass, run.tensors[name], ref, start,
+                          stock_error=base_line.stock_error(name, klass))
 
 
 def _finite(x: float) -> float:

@@ -15,6 +15,7 @@ from collections.abc import MutableMapping
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.bias import causal_lower_right
 
 from gradsweep.nn import ops
 from gradsweep.nn.context import ChainContext
@@ -170,17 +171,30 @@ def _sample_rows(rows, device: torch.device):
     for s in torch.unique(sample[sample >= 0]).tolist():
         idx = torch.nonzero(sample == s)[:, 0]
         idx = idx[torch.argsort(position[idx])]
-        yield s, idx.to(device), position[idx].to(device), int(position[idx[0]])
+        first, last = int(position[idx[0]]), int(position[idx[-1]])
+        if last - first + 1 != idx.numel():
+            raise ValueError(f"attention: sample {s} has {idx.numel()} rows at positions {first}..{last} in one call "
+                             "(a call must hand each sample consecutive positions)")
+        yield s, idx.to(device), position[idx].to(device), first
 
 
-def _causal_sdpa(q: Tensor, keys: Tensor, vals: Tensor, pos: Tensor, first: int) -> Tensor:
-    """Stock SDPA of one sample's query rows (positions ``pos``) over its keys so far, causal, GQA: [rows, heads, d]."""
+def _causal_sdpa(q: Tensor, keys: Tensor, vals: Tensor, first: int) -> Tensor:
+    """Stock SDPA of one sample's query rows (consecutive positions from ``first``) over its keys so far (the
+    ``first`` cached ones, then the rows' own), causal, GQA: [rows, heads, d].
+
+    A continuation (``first`` > 0) is causal aligned to the last key (``causal_lower_right``), not an explicit
+    boolean mask: SDPA takes a mask with ``enable_gqa`` only in its math kernel, which saves each call's K / V
+    expanded to every query head for the backward. Over a stock decode (one call per token) that is ~8 KB x L^2
+    per layer for a sample of L tokens, ~33 GB for the release chain's two layers, which ran an 80 GB card out of
+    memory. The flash kernel takes the same causal pattern with GQA natively; the attention computed is the
+    same (key j is visible to the row at position p exactly when j <= p)."""
     qs, ks, vs = (t.transpose(0, 1)[None] for t in (q, keys, vals))
+    if keys.shape[0] != first + q.shape[0]:
+        raise ValueError(f"attention: {keys.shape[0]} keys for {q.shape[0]} rows after {first} cached ones")
     if first == 0:
         o = stock_sdpa(qs, ks, vs, is_causal=True, enable_gqa=True)
     else:
-        key_pos = torch.arange(keys.shape[0], device=q.device)
-        o = stock_sdpa(qs, ks, vs, attn_mask=key_pos[None, :] <= pos[:, None], enable_gqa=True)
+        o = stock_sdpa(qs, ks, vs, attn_mask=causal_lower_right(q.shape[0], keys.shape[0]), enable_gqa=True)
     return o[0].transpose(0, 1)
 
 
@@ -219,14 +233,14 @@ class Attention(_Module):
     def _stock(self, q: Tensor, k: Tensor, v: Tensor, ctx: ChainContext) -> Tensor:
         cache: dict[int, tuple[Tensor, Tensor]] = ctx.state.setdefault(f"kv{self.layer}", {})
         out = torch.zeros_like(q)
-        for s, dev_idx, pos, first in _sample_rows(ctx.rows, q.device):
+        for s, dev_idx, _, first in _sample_rows(ctx.rows, q.device):
             past_k, past_v = cache.get(s, (k[:0], v[:0]))
             if past_k.shape[0] != first:
                 raise ValueError(f"attention: sample {s} starts at position {first} with "
                                  f"{past_k.shape[0]} cached keys (calls of a sample must come in position order)")
             keys, vals = torch.cat([past_k, k[dev_idx]]), torch.cat([past_v, v[dev_idx]])
             cache[s] = (keys, vals)
-            out = out.index_put((dev_idx,), _causal_sdpa(q[dev_idx], keys, vals, pos, first))
+            out = out.index_put((dev_idx,), _causal_sdpa(q[dev_idx], keys, vals, first))
         return out
 
     def stock_keys(self, ctx: ChainContext, sample: int, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -260,7 +274,7 @@ class StockAttentionCall:
                 keys, vals = attn.stock_keys(ctx, s, k)
                 end = first + int(dev_idx.shape[0])
                 filled = ctx.state.setdefault(f"kv_filled{attn.layer}", {})
-                if first != filled.get(s, 0) or int(pos[-1]) + 1 != end:
+                if first != filled.get(s, 0):  # (the rows' positions are consecutive: ``_sample_rows``)
                     raise ValueError(f"attention: sample {s} continues at position {first} after {filled.get(s, 0)} "
                                      "cached keys (calls of a sample must come in position order, without gaps)")
                 filled[s] = end
@@ -268,7 +282,7 @@ class StockAttentionCall:
                 vals.data[first:end] = v[dev_idx].detach()
                 self.leaves[s] = (keys, vals)
                 self.kv.append((s, dev_idx, pos))
-                out = out.index_put((dev_idx,), _causal_sdpa(self.q[dev_idx], keys[:end], vals[:end], pos, first))
+                out = out.index_put((dev_idx,), _causal_sdpa(self.q[dev_idx], keys[:end], vals[:end], first))
         self.o = out
         self.k_like, self.v_like = k, v
 

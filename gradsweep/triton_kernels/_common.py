@@ -20,6 +20,7 @@ import triton.language as tl
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.triton_kernels._launch import INTERPRET, FastLaunch
+from gradsweep.triton_kernels.stage_copy import copy_pieces
 from gradsweep.uploads import upload
 
 # Constexpr twin of INTERPRET for jit code: the interpreter's fp32 -> bf16 cast truncates.
@@ -241,7 +242,7 @@ def norm_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight: torch.Tens
         raise ValueError(f"{op}: rows must describe every row of x")
     if fold.tile != tile:
         raise ValueError(f"{op}: fold.tile must be {op}.TILE={tile}, got {fold.tile}")
-    step = fold.take_tiles(rows, (x, dy))
+    step = fold.take_tiles(rows, (x, dy), stage_copy=copy_pieces)
     xs, dys = step.stage
     if row_elems and step.num_tiles:
         partials = torch.empty((step.num_tiles, weight.shape[0]), dtype=torch.float32, device=x.device)

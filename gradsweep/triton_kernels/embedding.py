@@ -18,6 +18,7 @@ import triton.language as tl
 from gradsweep.canonical import CanonicalFold, RowIdentity, TileStep
 from gradsweep.kernel_api import check_embedding, embedding_function, require_fold, run_function
 from gradsweep.triton_kernels._common import FastLaunch, cdiv, pow2, upload
+from gradsweep.triton_kernels.stage_copy import copy_pieces
 
 TILE: int = 64  # canonical tile of the fold (plans cost O(tiles); the bits do not depend on it)
 BLOCK_H = 1024  # columns per program (elementwise along H: any value gives the same bits)
@@ -149,7 +150,7 @@ def embedding_backward(ids: torch.Tensor, dy: torch.Tensor, rows: RowIdentity, f
     if fold.tile != TILE:
         raise ValueError(f"embedding: fold.tile must be embedding.TILE={TILE}, got {fold.tile}")
     dy, ids = dy.contiguous(), ids.contiguous()
-    step = fold.take_tiles(rows, (dy, ids))
+    step = fold.take_tiles(rows, (dy, ids), stage_copy=copy_pieces)
     if step.num_tiles == 0:
         return
     tokens, tok_ids = step_tokens(step, ids)

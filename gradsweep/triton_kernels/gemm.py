@@ -64,6 +64,7 @@ from gradsweep.triton_kernels._common import (
     tile_ids,
     to_out,
 )
+from gradsweep.triton_kernels.stage_copy import copy_pieces
 
 TILE = 64  # canonical token tile of the dW fold (the fold kernel's K block equals it)
 
@@ -655,7 +656,7 @@ class DetLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             if ctx.fold is None:
                 raise ValueError("det_linear backward: weight requires grad but fold is None")
-            step = ctx.fold.take_tiles(ctx.rows, (x, dy))
+            step = ctx.fold.take_tiles(ctx.rows, (x, dy), stage_copy=copy_pieces)
             dw_fold(step, x, dy, ctx.fold.main_grad)
         return dx, None, None, None
 

@@ -48,6 +48,7 @@ from gradsweep.triton_kernels.gemm import (
     mm_configs,
     tma_rows_ok,
 )
+from gradsweep.triton_kernels.stage_copy import copy_pieces
 
 __all__ = ["TILE", "linear_logp"]
 # Pinned forward configuration (a row's log-sum-exp order follows it): never a function of R.
@@ -320,7 +321,7 @@ class LinearLogpFn(torch.autograd.Function):
         if need_w:
             if ctx.fold is None:
                 raise ValueError("linear_logp backward: weight requires grad but fold is None")
-            step = ctx.fold.take_tiles(ctx.rows, (hidden, targets, lse, g))
+            step = ctx.fold.take_tiles(ctx.rows, (hidden, targets, lse, g), stage_copy=copy_pieces)
             if step.num_tiles == 0:
                 step = None
         # rows of staged tiles (carried from earlier calls) are recomputed from their staged (hidden, target, lse, g)
