@@ -13,12 +13,14 @@
 #      stands (after --census), scripts/gemm_tile_ab.py times the Triton TMA GEMM's candidate tiles against cuBLAS
 #      and today's kernel, bits compared (unsigned, a diagnostic; OUT's state gets tile_ab/). Where --host-audit
 #      stands, scripts/host_probe.py --fold-plan-audit says where the fold plan's host time goes on this host
-#      (allocator events, synchronising calls, cProfile; OUT's state gets host_audit/).
+#      (allocator events, synchronising calls, cProfile; OUT's state gets host_audit/). Where --cell-profile stands,
+#      scripts/cell_profile.py says where the release sweep's slowest cells spend their time (the chain's first cell
+#      and decode, per GPU profile; unsigned; OUT's state gets cell_profile/).
 # A step that cannot finish before the deadline is cut by `timeout`: a cut sweep keeps its partial log for
 # the next call; a cut bench or drift leaves nothing and runs again next call.
 # Usage (repo root, on the GPU machine):
 #   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--sweep-shards N] [--bench-ops "OP OP ..."]... [--drift]
-#                                 [--census] [--tile-ab] [--host-audit]
+#                                 [--census] [--tile-ab] [--host-audit] [--cell-profile]
 #                                 [--backward-thread worker|caller]   (given to every bench; default: bench's own)
 # (a group written "caller:OPS" or "worker:OPS" runs on that engine thread whatever --backward-thread says, its
 # files named with a -caller / -worker suffix: one call can record a group on both)
@@ -39,6 +41,7 @@ while [ $# -gt 0 ]; do
     --census) groups+=(census); shift;;
     --tile-ab) groups+=(tile_ab); shift;;
     --host-audit) groups+=(host_audit); shift;;
+    --cell-profile) groups+=(cell_profile); shift;;
     --backward-thread) bench_extra+=(--backward-thread "$2"); shift 2;;
     --sweep-shards) shards=$2; shift 2;;
     *) echo "unknown argument $1" >&2; exit 2;;
@@ -205,6 +208,13 @@ if [ -f "$new/h200.evidence.json" ]; then
     if [ "$group" = host_audit ]; then
       run_diag host_audit 30 "0" python3 scripts/host_probe.py "$new/host_audit" --op fold_plan --fold-plan-audit \
         --steps 200
+      continue
+    fi
+    if [ "$group" = cell_profile ]; then  # one process per profile, as one sweep worker holds one profile
+      for prof in cuda_bf16 triton_cuda_bf16; do
+        run_diag "cell_profile/$prof" 60 "0" python3 scripts/cell_profile.py manifests/h200.yaml \
+          "$new/cell_profile/$prof/profile.json" --sync chain/$prof/b1_singleton chain/$prof/bn_full chain/$prof/decode
+      done
       continue
     fi
     if [ "$group" = drift ]; then
