@@ -5,8 +5,10 @@ every staged row), uploads it, and runs ``index_select`` + ``index_copy_`` per r
 and a temporary the size of the staged rows). The Triton family's piece copy
 (``gradsweep.triton_kernels.stage_copy.copy_pieces``) takes the staged rows as their pieces (source row, staging
 row, length: ~25 a call) and copies each piece's rows straight into the staging tensor, one launch per tensor:
-the same bytes moved once instead of twice, O(pieces) uploaded instead of O(rows). Both sides are checked
-bit-equal; host figures are per call (issue time, device not drained), device figures with the device drained.
+the same bytes moved once instead of twice, O(pieces) uploaded instead of O(rows). Where gradsweep._C is built
+with one, the CUDA C++ family's piece copy (``gradsweep.cuda_kernels.stage_copy.copy_pieces``) is a third side.
+Every piece side is checked bit-equal to the index side; host figures are per call (issue time, device not
+drained), device figures with the device drained.
 
     PYTHONPATH=. python3 scripts/stage_copy_ab.py OUT.json
 """
@@ -14,6 +16,7 @@ bit-equal; host figures are per call (issue time, device not drained), device fi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -53,11 +56,22 @@ def today(pieces: np.ndarray, tensors, stages, device) -> None:
         st.index_copy_(0, dst, t.index_select(0, src))
 
 
-def by_pieces(pieces: np.ndarray, tensors, stages, device) -> None:
+def by_pieces(pieces: np.ndarray, tensors, stages, device, copy=copy_pieces) -> None:
     dev = upload(pieces, device)
     longest = int(pieces[:, 2].max())
     for st, t in zip(stages, tensors):
-        copy_pieces(dev, t, st, longest)
+        copy(dev, t, st, longest)
+
+
+def cuda_piece_copy():
+    """The CUDA C++ family's piece copy, or None where gradsweep._C is not built with one."""
+    try:
+        from gradsweep.cuda_kernels import runtime
+        from gradsweep.cuda_kernels.stage_copy import copy_pieces as cuda_copy
+    except ImportError:
+        return None
+    ok, _ = runtime.cuda_status()
+    return cuda_copy if ok and hasattr(runtime.ext(), "copy_pieces") else None
 
 
 def timed(fn, steps: int, drained: bool) -> float:
@@ -83,19 +97,27 @@ def main() -> int:
     args = p.parse_args()
     device = torch.device("cuda")
     rng = np.random.default_rng(0)
+    cuda_copy = cuda_piece_copy()
     results, ok = [], True
     for rows, width, staged, n_pieces in [(16384, 4096, 5000, 25), (16384, 4096, 600, 13), (4096, 4096, 1500, 8)]:
         pieces = pieces_of(rng, rows, staged, n_pieces)
         tensors = [torch.randn(rows, width, device=device).to(torch.bfloat16) for _ in range(2)]
         stage_a = [torch.zeros(staged, width, device=device, dtype=torch.bfloat16) for _ in range(2)]
-        stage_b = [torch.zeros_like(s) for s in stage_a]
         today(pieces, tensors, stage_a, device)
-        by_pieces(pieces, tensors, stage_b, device)
-        torch.cuda.synchronize()
-        equal = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(stage_a, stage_b))
+        sides = [("index_select+index_copy_", today, stage_a)]
+        row = {"rows": rows, "width": width, "staged": staged, "pieces": n_pieces, "bits_equal": True}
+        for name, copy in (("piece copy", copy_pieces), ("cuda piece copy", cuda_copy)):
+            if copy is None:
+                continue
+            stage = [torch.zeros_like(s) for s in stage_a]
+            side = functools.partial(by_pieces, copy=copy)
+            side(pieces, tensors, stage, device)
+            torch.cuda.synchronize()
+            row["bits_equal"] &= all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                                     for a, b in zip(stage_a, stage))
+            sides.append((name, side, stage))
+        equal = row["bits_equal"]
         ok &= equal
-        row = {"rows": rows, "width": width, "staged": staged, "pieces": n_pieces, "bits_equal": equal}
-        sides = (("index_select+index_copy_", today, stage_a), ("piece copy", by_pieces, stage_b))
         for name, side, stages in sides:
             def fn(side=side, stages=stages, pieces=pieces, tensors=tensors) -> None:
                 side(pieces, tensors, stages, device)
