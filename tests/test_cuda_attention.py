@@ -26,6 +26,7 @@ from gradsweep.harness.kernel_check import candidate_from, check_kernel
 from gradsweep.manifest import DEFAULT_MANIFEST, load_manifest
 from gradsweep.ops.base import CallContext, CallOutput
 from gradsweep.ops.registry import get_op
+from tests.cuda_gpu import needs_cuda_kernels
 from tests.fakes import cuda_attention_ext, cuda_ext
 from tests.helpers import check_attention_cache_refusals
 
@@ -197,14 +198,6 @@ def test_rewound_decode_step_repeats_its_bits_on_the_stand_in(stand_in) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- GPU
-def _gpu_ready() -> tuple[bool, str]:
-    if not torch.cuda.is_available():
-        return False, "no CUDA in torch"
-    return runtime.cuda_status()
-
-
-_GPU_OK, _GPU_WHY = _gpu_ready()
-gpu = pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -216,7 +209,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda_kernels
 @pytest.mark.parametrize(("shape", "lengths"), [
     (GQA, None),                                             # the default manifest's workload and shape
     (GQA, LONG),
@@ -233,7 +226,7 @@ def test_every_layout_on_the_gpu(shape, lengths) -> None:
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda_kernels
 def test_wide_programs_only_on_the_gpu() -> None:
     cand = _candidate("cuda.attention.wide", attn.AttnConfig(narrow=False))
     report = check_kernel("attention", cand, shape=GQA, lengths=LONG, device="cuda",
@@ -242,7 +235,7 @@ def test_wide_programs_only_on_the_gpu() -> None:
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda_kernels
 @pytest.mark.parametrize("fp32_grads", [True, False])
 def test_fp32_grads_meets_the_fp32_class_and_bf16_operands_do_not(fp32_grads) -> None:
     cand = _candidate("cuda.attention.grads", attn.AttnConfig(fp32_grads=fp32_grads))
@@ -290,7 +283,7 @@ def _step(calls, lengths, shape, data, config=attn.DEFAULT_CONFIG, grad=True):
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda_kernels
 @pytest.mark.parametrize("shape", [RELEASE, {"heads": 8, "kv_heads": 2, "head_dim": 64}])
 def test_decode_narrow_and_alone_equal_prefill_bit_for_bit(shape) -> None:
     """Full prefill (wide programs) vs: wide programs only; chunks whose tails run on narrow programs; decode of
@@ -323,7 +316,7 @@ def check_prefill_equals_other_layouts(data, lengths: list[int], decode_tail: in
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda_kernels
 @pytest.mark.parametrize("shape", [RELEASE, {"heads": 6, "kv_heads": 2, "head_dim": 96}])
 @pytest.mark.parametrize("fp32_grads", [True, False])
 def test_wgmma_fold_equals_the_mma_sync_fold_bit_for_bit(shape, fp32_grads, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -362,7 +355,7 @@ def test_wgmma_fold_equals_the_mma_sync_fold_bit_for_bit(shape, fp32_grads, monk
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda_kernels
 def test_signed_zero_of_a_masked_key_never_reaches_o() -> None:
     """Row BN + 4 of one sample: block 0 gives acc[:, 0] < 0, key BN scores ~255 (log2) so the rescale underflows
     acc to -0; keys BN..row hold v[:, 0] = -0, keys after it (masked for the row) -1: a masked key adds 0 * -1 = -0
@@ -393,7 +386,7 @@ def test_signed_zero_of_a_masked_key_never_reaches_o() -> None:
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda_kernels
 def test_cuda_chain_runs_on_the_cuda_attention() -> None:
     """The Qwen3-shaped chain in the CUDA family (every op its own family's kernel), the default manifest's shape."""
     base = load_manifest(DEFAULT_MANIFEST)

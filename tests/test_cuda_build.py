@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from gradsweep.cuda_kernels import runtime
+from tests.cuda_gpu import needs_cuda_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,18 +146,8 @@ def test_ops_reject_cpu_tensors() -> None:
         rms_norm.rms_norm(x, torch.ones(8, dtype=torch.bfloat16), 1e-6, None, None)
 
 
-def _gpu_ready() -> tuple[bool, str]:
-    if not torch.cuda.is_available():
-        return False, "no CUDA in torch"
-    ok, why = runtime.cuda_status()
-    return ok, why
-
-
-_GPU_OK, _GPU_WHY = _gpu_ready() if torch.cuda.is_available() else (False, "no CUDA in torch")
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+@needs_cuda_kernels
 def test_gpu_fold_required() -> None:
     from gradsweep.cuda_kernels import rms_norm
 

@@ -21,6 +21,7 @@ from gradsweep.harness.compare import bitwise_compare, normwise_error
 from gradsweep.harness.kernel_check import check_kernel
 from gradsweep.manifest import MANIFEST_DIR
 from gradsweep.results import Status
+from tests.cuda_gpu import needs_cuda_kernels
 from tests.fakes import cuda_ext
 
 LAUNCHERS = ("qk_norm_dw_tiles", "embedding_fwd", "embedding_fold", "pack_rows", "logp_fwd", "logp_bwd",
@@ -142,18 +143,11 @@ def test_fold_required_on_cpu_stand_in(fake_ext) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- GPU
-def _gpu_ready() -> tuple[bool, str]:
-    if not torch.cuda.is_available():
-        return False, "no CUDA in torch"
-    return runtime.cuda_status()
-
-
-_GPU_OK, _GPU_WHY = _gpu_ready()
 
 
 @pytest.mark.parametrize("op", GPU_OPS)
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+@needs_cuda_kernels
 def test_gpu_check(op: str) -> None:
     report = check_kernel(op, f"cuda.{op}", device="cuda")
     assert report.cells and report.ok, report.first_failure
@@ -172,7 +166,7 @@ def _rows_alone_vs_batched(fn, inputs: list[torch.Tensor], sizes=(1, 7, 64, 1000
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+@needs_cuda_kernels
 def test_gpu_rows_do_not_depend_on_the_batch() -> None:
     """M-independence at realistic widths: a row's bits are the same whatever rows share its call."""
     from gradsweep.cuda_kernels import gemm, linear_logp, logp, rms_norm
@@ -232,7 +226,7 @@ def rms_row_path_differences(ext, device: str, index: int, stream: int, hiddens,
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+@needs_cuda_kernels
 def test_gpu_rms_norm_warp_rows_equal_the_block_rows() -> None:
     """rms_norm's one-warp-per-row kernels (hidden <= 256: QK-norm's heads) give the bits of the one-block-per-row
     kernels, forward (y, rstd) and dx, aligned and unaligned, with special values; and a row alone equals it in a
@@ -259,7 +253,7 @@ def _hopper_ext_or_skip(what: str):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+@needs_cuda_kernels
 def test_gpu_a_failed_tma_encode_launches_nothing() -> None:
     """CUTLASS only prints a failed cuTensorMapEncodeTiled and launches anyway: under Nsight Compute every encode
     of the GEMM returned 201 and the kernel hit an illegal instruction, which poisons the context for every later
@@ -286,7 +280,7 @@ def test_gpu_a_failed_tma_encode_launches_nothing() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+@needs_cuda_kernels
 def test_gpu_hopper_gemm_equals_the_portable_gemm() -> None:
     """The CUTLASS (wgmma) kernels and the mma.sync kernels give the same bits, for every M configuration
     (bf16 out, and fp32 C += AB, the Hopper epilogue's C + acc rounded once).
@@ -385,7 +379,7 @@ def _fold_tiles(target, path: int, plan: torch.Tensor, dy: torch.Tensor, x: torc
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+@needs_cuda_kernels
 def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
     """The wgmma fold (gemm_fold_sm90.cu) and the mma.sync fold give the same bits, split or not.
 
@@ -460,7 +454,7 @@ def _llp_case(gen: torch.Generator, rows: int, vocab: int, k: int):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+@needs_cuda_kernels
 def test_gpu_hopper_linear_logp_equals_the_portable_kernel() -> None:
     """linear_logp's Hopper path (CUTLASS fp32 logits into a scratch, then the row-local reduction or the
     dlogits formula) and the mma.sync kernels (which reduce in registers) give the same bits.
@@ -536,7 +530,7 @@ def test_gpu_hopper_linear_logp_equals_the_portable_kernel() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
+@needs_cuda_kernels
 def test_gpu_logp_forward_special_values_and_tails() -> None:
     """The forward's exponentials run on the special-function unit (ex2): rows with -inf entries, a NaN, a +inf,
     every entry -inf, a vocabulary that is not a multiple of 8 (the partial last chunk, element loads) and a row

@@ -16,6 +16,7 @@ import torch
 from gradsweep.canonical import RowIdentity
 from gradsweep.cuda_kernels import rl_dpo, rl_token, runtime
 from gradsweep.harness.kernel_check import check_kernel
+from tests.cuda_gpu import needs_cuda_kernels
 from tests.fakes import cuda_attention_ext
 
 RL_OPS = ("rl_ratio", "rl_kl", "rl_ppo", "rl_grpo", "rl_grpo_seq", "rl_dpo")
@@ -79,18 +80,10 @@ def test_shapes_and_devices_are_refused() -> None:
 
 
 # ----------------------------------------------------------------------------------------------- GPU
-def _gpu_ready() -> tuple[bool, str]:
-    if not torch.cuda.is_available():
-        return False, "no CUDA in torch"
-    return runtime.cuda_status()
-
-
-_GPU_OK, _GPU_WHY = _gpu_ready()
-gpu = pytest.mark.skipif(not _GPU_OK, reason=f"CUDA kernels cannot run here: {_GPU_WHY}")
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda_kernels
 @pytest.mark.parametrize("op", RL_OPS)
 def test_every_layout_on_the_gpu(op: str) -> None:
     report = check_kernel(op, f"cuda.{op}", device="cuda")
@@ -104,7 +97,7 @@ def _bits32(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda_kernels
 def test_bf16_inputs_read_as_bf16_or_fp32_give_the_same_bits() -> None:
     g = torch.Generator(device="cuda").manual_seed(3)
     n = 5000
@@ -126,7 +119,7 @@ def test_bf16_inputs_read_as_bf16_or_fp32_give_the_same_bits() -> None:
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda_kernels
 def test_fp32_logp_gets_an_fp32_gradient_equal_to_the_bf16_path_before_rounding() -> None:
     """A model's FP32 log-probs: the gradient comes back FP32; for bf16-representable inputs its RNE rounding is
     the bf16 path's gradient, bit for bit."""
