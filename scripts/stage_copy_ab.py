@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import statistics
 import time
@@ -64,14 +65,16 @@ def by_pieces(pieces: np.ndarray, tensors, stages, device, copy=copy_pieces) -> 
 
 
 def cuda_piece_copy():
-    """The CUDA C++ family's piece copy, or None where gradsweep._C is not built with one."""
+    """The CUDA C++ family's piece copy, or None where gradsweep._C is not built with one (imported by name: the
+    module comes with the CUDA family's piece copy)."""
+    from gradsweep.cuda_kernels import runtime
+
     try:
-        from gradsweep.cuda_kernels import runtime
-        from gradsweep.cuda_kernels.stage_copy import copy_pieces as cuda_copy
+        module = importlib.import_module("gradsweep.cuda_kernels.stage_copy")
     except ImportError:
         return None
     ok, _ = runtime.cuda_status()
-    return cuda_copy if ok and hasattr(runtime.ext(), "copy_pieces") else None
+    return module.copy_pieces if ok and hasattr(runtime.ext(), "copy_pieces") else None
 
 
 def timed(fn, steps: int, drained: bool) -> float:
