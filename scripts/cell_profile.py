@@ -64,12 +64,14 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def _top(profile: cProfile.Profile, key: str, n: int) -> list[dict]:
+def _functions(profile: cProfile.Profile) -> list[dict]:
+    """Every profiled function: its calls, own and cumulative seconds."""
     stats = pstats.Stats(profile, stream=io.StringIO())
-    rows = []
-    for (file, line, func), (_, calls, own, cum, _) in stats.stats.items():
-        rows.append({"function": f"{Path(file).name}:{line}({func})", "calls": calls, "own_s": round(own, 3),
-                     "cum_s": round(cum, 3)})
+    return [{"function": f"{Path(file).name}:{line}({func})", "calls": calls, "own_s": round(own, 3),
+             "cum_s": round(cum, 3)} for (file, line, func), (_, calls, own, cum, _) in stats.stats.items()]
+
+
+def _top(rows: list[dict], key: str, n: int) -> list[dict]:
     return sorted(rows, key=lambda r: r[key], reverse=True)[:n]
 
 
@@ -106,9 +108,10 @@ def main() -> int:
         wall = time.perf_counter() - t0
         for name, fn in originals.items():  # unwrapped: the next cell wraps afresh, with its own totals
             setattr(cell_module, name, fn)
+        functions = _functions(prof)
         row = {"cell": f"{op}/{profile}/{layout}", "status": str(res.status), "wall_s": round(wall, 2),
                "phases_s": {k: round(v, 2) for k, v in spent.items()},
-               "top_cumulative": _top(prof, "cum_s", args.top), "top_own": _top(prof, "own_s", args.top)}
+               "top_cumulative": _top(functions, "cum_s", args.top), "top_own": _top(functions, "own_s", args.top)}
         results.append(row)
         print(f"{row['cell']}: {row['status']} in {wall:.1f} s; phases {row['phases_s']}", flush=True)
         for r in row["top_own"][:12]:
