@@ -83,14 +83,16 @@ def _rms_main_grad(lengths: list[int], parts: int, hidden: int) -> torch.Tensor:
     return fold.main_grad.clone()
 
 
-def _dw_main_grad(lengths: list[int], parts: int, n: int, k: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(13)
-    weight = torch.randn(n, k, generator=gen).to(torch.bfloat16).requires_grad_(True)
-    fold = CanonicalFold(torch.randn(n, k, generator=gen), lengths, triton_gemm.TILE)
+def _dw_main_grad(lengths: list[int], parts: int, n: int, k: int, gemm=triton_gemm,
+                  device: str = "cpu") -> torch.Tensor:
+    """A chunked step's dW main grad through ``gemm``'s det_linear (a family's GEMM module) on ``device``."""
+    gen = torch.Generator(device=device).manual_seed(13)
+    weight = torch.randn(n, k, generator=gen, device=device).to(torch.bfloat16).requires_grad_(True)
+    fold = CanonicalFold(torch.randn(n, k, generator=gen, device=device), lengths, gemm.TILE)
     for rows in _chunked_rows(lengths, parts):
-        x = torch.randn(rows.num_rows, k, generator=gen).to(torch.bfloat16)
-        y = triton_gemm.det_linear(x, weight, rows, fold)
-        y.backward(torch.randn(y.shape, generator=gen).to(torch.bfloat16))
+        x = torch.randn(rows.num_rows, k, generator=gen, device=device).to(torch.bfloat16)
+        y = gemm.det_linear(x, weight, rows, fold)
+        y.backward(torch.randn(y.shape, generator=gen, device=device).to(torch.bfloat16))
     return fold.main_grad.clone()
 
 
