@@ -171,6 +171,16 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("src"), py::arg("dst"), py::arg("meta"), py::arg("n_samples"), py::arg("max_len"), py::arg("hidden"),
      py::arg("unpack"), py::arg("device"), py::arg("stream"));
 
+  m.def("copy_pieces", [](uintptr_t pieces, uintptr_t src, uintptr_t dst, int64_t n_pieces, int64_t longest,
+                          int64_t src_stride_bytes, int64_t row_bytes, int device, uintptr_t stream) {
+    require(n_pieces >= 0 && n_pieces <= kMaxGrid, "copy_pieces: n_pieces must be in [0, 2^31-1]");
+    require(longest >= 0 && row_bytes >= 0 && src_stride_bytes >= row_bytes,
+            "copy_pieces: longest and row_bytes must be >= 0, and source rows at least row_bytes apart");
+    check(gs::copy_pieces(pieces, src, dst, n_pieces, longest, src_stride_bytes, row_bytes, device, stream),
+          "copy_pieces");
+  }, py::arg("pieces"), py::arg("src"), py::arg("dst"), py::arg("n_pieces"), py::arg("longest"),
+     py::arg("src_stride_bytes"), py::arg("row_bytes"), py::arg("device"), py::arg("stream"));
+
   m.def("logp_fwd", [](uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t lse, int64_t rows,
                        int64_t vocab, int64_t ld, int device, uintptr_t stream) {
     check_rows(rows, "logp_fwd");

@@ -8,6 +8,8 @@
 // every vocabulary row sees the same chain of adds in every layout. Pads never reach the fold (the plan
 // excludes them).
 // pack / unpack: row copies between a sample's padded slot [b * L + p] and its packed slot [first_b + p].
+#include <algorithm>
+
 #include "common.cuh"
 #include "gradsweep.h"
 
@@ -65,6 +67,23 @@ __global__ void __launch_bounds__(kRowThreads) embedding_fold_kernel(const int64
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     if (c0 + e < H) out[c0 + e] = acc[e];
+  }
+}
+
+// The canonical fold's staging copy by pieces (CanonicalFold.take(..., stage_copy=)): piece p = (source row,
+// staging row, length), int32. Rows are row_words words of W bytes; source rows are src_stride words apart (a
+// strided call tensor), staging rows contiguous. Block (p, y) copies rows y, y + gridDim.y, ... of piece p, its
+// threads striding over a row's words: each byte is read once and written once (index_select + index_copy_ move
+// it twice, through a temporary), and the host uploads O(pieces) instead of an O(rows) index.
+template <typename W>
+__global__ void __launch_bounds__(kRowThreads) copy_pieces_kernel(const int32_t* __restrict__ pieces,
+                                                                  const W* __restrict__ src, W* __restrict__ dst,
+                                                                  int64_t src_stride, int64_t row_words) {
+  const int64_t s0 = pieces[3 * blockIdx.x], d0 = pieces[3 * blockIdx.x + 1], n = pieces[3 * blockIdx.x + 2];
+  for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+    const W* from = src + (s0 + r) * src_stride;
+    W* to = dst + (d0 + r) * row_words;
+    for (int64_t c = threadIdx.x; c < row_words; c += kRowThreads) to[c] = from[c];
   }
 }
 
@@ -146,6 +165,40 @@ int pack_rows(uintptr_t src, uintptr_t dst, uintptr_t meta, int64_t n_samples, i
     pack_kernel<true, false><<<grid, kRowThreads, 0, s>>>(sp, dp, mp, n_samples, max_len, H);
   } else {
     pack_kernel<false, false><<<grid, kRowThreads, 0, s>>>(sp, dp, mp, n_samples, max_len, H);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+int copy_pieces(uintptr_t pieces, uintptr_t src, uintptr_t dst, int64_t n_pieces, int64_t longest,
+                int64_t src_stride_bytes, int64_t row_bytes, int device, uintptr_t stream) {
+  if (n_pieces == 0 || longest <= 0 || row_bytes == 0) return 0;
+  DeviceGuard guard(device);
+  GS_TRY(guard.status());
+  // rows by up to 16-byte words: the widest word that divides the row, the source stride and both addresses
+  const uintptr_t any = src | dst | static_cast<uintptr_t>(row_bytes) | static_cast<uintptr_t>(src_stride_bytes);
+  const int64_t word = (any & 15u) == 0 ? 16 : (any & 7u) == 0 ? 8 : (any & 3u) == 0 ? 4 : 1;
+  const int64_t row_words = row_bytes / word, stride = src_stride_bytes / word;
+  // enough row blocks per piece to fill the device with ~25 pieces, each block looping over the rest of its rows
+  const unsigned y = static_cast<unsigned>(std::min<int64_t>(longest, std::max<int64_t>(1, 65535 / 8)));
+  const dim3 grid(static_cast<unsigned>(n_pieces), y);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  const auto* pp = reinterpret_cast<const int32_t*>(pieces);
+  switch (word) {
+    case 16:
+      copy_pieces_kernel<uint4><<<grid, kRowThreads, 0, s>>>(pp, reinterpret_cast<const uint4*>(src),
+                                                             reinterpret_cast<uint4*>(dst), stride, row_words);
+      break;
+    case 8:
+      copy_pieces_kernel<uint2><<<grid, kRowThreads, 0, s>>>(pp, reinterpret_cast<const uint2*>(src),
+                                                             reinterpret_cast<uint2*>(dst), stride, row_words);
+      break;
+    case 4:
+      copy_pieces_kernel<uint32_t><<<grid, kRowThreads, 0, s>>>(pp, reinterpret_cast<const uint32_t*>(src),
+                                                                reinterpret_cast<uint32_t*>(dst), stride, row_words);
+      break;
+    default:
+      copy_pieces_kernel<uint8_t><<<grid, kRowThreads, 0, s>>>(pp, reinterpret_cast<const uint8_t*>(src),
+                                                               reinterpret_cast<uint8_t*>(dst), stride, row_words);
   }
   return static_cast<int>(cudaGetLastError());
 }

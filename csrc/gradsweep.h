@@ -63,6 +63,8 @@ int embedding_fold(uintptr_t sorted_ids, uintptr_t src, int64_t n, uintptr_t dy,
                    int64_t H, int device, uintptr_t stream);
 int pack_rows(uintptr_t src, uintptr_t dst, uintptr_t meta, int64_t n_samples, int64_t max_len, int64_t H,
               bool unpack, int device, uintptr_t stream);
+int copy_pieces(uintptr_t pieces, uintptr_t src, uintptr_t dst, int64_t n_pieces, int64_t longest,
+                int64_t src_stride_bytes, int64_t row_bytes, int device, uintptr_t stream);
 
 // logp.cu
 int logp_fwd(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t lse, int64_t R, int64_t V, int64_t ld,

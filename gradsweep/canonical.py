@@ -646,17 +646,6 @@ class CanonicalFold:
             self._view = tuple(b if b.shape[0] == rows else b[:rows] for b in self._backing)
         return self._view
 
-    def _copy_to_stage(self, tensors: tuple[torch.Tensor, ...], piece_tile: np.ndarray, piece_lo: np.ndarray,
-                       piece_row: np.ndarray, piece_len: np.ndarray) -> tuple | None:
-        """Copy the pieces' rows into their tiles' staging blocks (a block per tile, allocated on first use);
-        return the copy as ``_stage_copy`` describes it (None: nothing copied)."""
-        pieces = self._stage_pieces(tensors, piece_tile, piece_lo, piece_row, piece_len)
-        if pieces is None:
-            return None
-        copy = _stage_copy(*pieces, tensors[0].device)
-        _run_stage_copy(self._backing, tensors, copy)
-        return copy
-
     def _stage_pieces(self, tensors: tuple[torch.Tensor, ...], piece_tile: np.ndarray, piece_lo: np.ndarray,
                       piece_row: np.ndarray, piece_len: np.ndarray) -> tuple | None:
         """Give the pieces' tiles their staging blocks (allocated on first use); return the copy to make as (source
@@ -834,18 +823,22 @@ class CanonicalFold:
         self._remember(key, (step.desc, desc, runs.total))
         return step
 
-    def take(self, rows: RowIdentity, tensors: Sequence[torch.Tensor]) -> FoldStep:
+    def take(self, rows: RowIdentity, tensors: Sequence[torch.Tensor],
+             stage_copy: PieceCopy | None = None) -> FoldStep:
         """Register one call's rows; return the tiles to fold now as a row-index table (see ``FoldStep``).
 
         Rows of this call are indexed in place (after the carried rows), as before ``take_tiles`` existed:
-        only rows of tiles that stay incomplete are copied (carried).
+        only rows of tiles that stay incomplete are copied (carried). ``stage_copy``: as in ``take_tiles`` (the
+        carried rows go to the device as their pieces, uploaded with the row table, and the family's kernel
+        copies them; None: ``index_select`` + ``index_copy_`` over an uploaded row index, then the table's own
+        upload, as before).
         """
         tensors = tuple(tensors)
         self._check_tensors(rows, tensors)
         runs = rows.runs
         device = tensors[0].device if tensors else torch.device("cpu")
         key = self._transition_key("rows", runs, device)
-        seq = self._follow("rows", runs, device, tensors)
+        seq = self._follow("rows" if stage_copy is None else "rows/pieces", runs, device, tensors)
         c0 = self.cursor
         hit = self._replay(key)
         if hit is not None:
@@ -854,33 +847,40 @@ class CanonicalFold:
         if hit is not None:
             plan, n_stage = hit
             return FoldStep(plan, self._with_stage(tensors, n_stage), c0)
+        as_pieces = stage_copy is not None
         if _native_plan is None:
-            plan, n_stage, copy, all_ready = self._plan_table_host(runs, tensors)
+            plan, n_stage, staged, all_ready = self._plan_table_host(runs, tensors, as_pieces)
         else:  # the compiled planner (see ``_plan_tiles``): the same table, the same uploads in the same order
-            plan, n_stage, staged, all_ready = self._planned(True, runs, tensors)
+            plan, n_stage, staged, all_ready = self._planned(True, runs, tensors, as_pieces)
+        if staged is not None and staged[0] == "pieces":  # the pieces and the row table in one copy
+            pieces, plan_dev = upload_parts((staged[1], plan), device)
+            copy = ("pieces", pieces, stage_copy, int(staged[1][:, 2].max()))
+        else:  # the row index (or one slice) first, then the table: the uploads of the index path
             copy = None if staged is None else _on_device(staged, device)
-            if copy is not None:
-                _run_stage_copy(self._backing, tensors, copy)
-        step = FoldStep(upload(plan, device), self._with_stage(tensors, n_stage), c0)
+            plan_dev = None
+        if copy is not None:
+            _run_stage_copy(self._backing, tensors, copy)
+        step = FoldStep(upload(plan, device) if plan_dev is None else plan_dev, self._with_stage(tensors, n_stage), c0)
         if all_ready and not n_stage and key is not None:  # nothing staged, carried or read from staging
             self._remember(key, step.plan)
         else:
             self._remember_staged(seq, copy, (step.plan, n_stage))
         return step
 
-    def _plan_table_host(self, runs: Runs,
-                         tensors: tuple[torch.Tensor, ...]) -> tuple[np.ndarray, int, tuple | None, bool]:
+    def _plan_table_host(self, runs: Runs, tensors: tuple[torch.Tensor, ...],
+                         as_pieces: bool = False) -> tuple[np.ndarray, int, tuple | None, bool]:
         """``take``'s numpy planner (the compiled one's reference): the call registered, the rows of tiles that stay
-        incomplete staged (copied), the ready tiles released; (their int32 row table, the staging rows it reads
-        first, the copy, whether every piece was ready)."""
+        incomplete given staging blocks, the ready tiles released; (their int32 row table, the staging rows it
+        reads first, the copy to make in ``_host_copy``'s form, whether every piece was ready)."""
         c0 = self.cursor
         slot0, slot1 = self._register(runs)
         c1, tile = self._advance(), self.tile
         n_ready = c1 - c0
         piece_tile, piece_lo, piece_row, piece_len = self._pieces(slot0, slot1, runs.row0)
         ready = piece_tile < c1
-        copy = self._copy_to_stage(tensors, piece_tile[~ready], piece_lo[~ready], piece_row[~ready],
-                                   piece_len[~ready])
+        staged = self._stage_pieces(tensors, piece_tile[~ready], piece_lo[~ready], piece_row[~ready],
+                                    piece_len[~ready])
+        copy = None if staged is None else _host_copy(*staged, as_pieces=as_pieces)
         blocks = self._release(c0, c1)
         n_stage = int(blocks.max() + 1) * tile if n_ready and (blocks >= 0).any() else 0
         j = np.arange(tile)
@@ -917,17 +917,13 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
     return np.concatenate((a[:1], a[1:][step.astype(bool)]))
 
 
-def _stage_copy(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray, device: torch.device) -> tuple:
-    """The copy stage[dst0[i] + j] = tensor[src0[i] + j] for j < length[i] (every staging tensor and its row
-    tensor): ``("slice", dst, src, rows)`` for one piece, else ``("index", [2, rows] index on the device)``, one
-    upload for every tensor. (Measured on the H200 host: slice copies of a chunked call's ~25 stretches through
-    ``torch._foreach_copy_`` cost 2x the index path, the slicing itself being ~2 us per view.)"""
-    return _on_device(_host_copy(src0, dst0, length), device)
-
-
 def _host_copy(src0: np.ndarray, dst0: np.ndarray, length: np.ndarray, as_pieces: bool = False) -> tuple:
-    """``_stage_copy`` with its index still on the host (the compiled planner returns this form too); with
-    ``as_pieces`` the pieces themselves, [pieces, 3] int32 (source row, staging row, length), for a piece copy."""
+    """The copy stage[dst0[i] + j] = tensor[src0[i] + j] for j < length[i] (every staging tensor and its row
+    tensor), on the host (the compiled planner returns the same forms): ``("slice", dst, src, rows)`` for one piece,
+    else ``("index", [2, rows] row index)`` for ``index_select`` + ``index_copy_`` (one upload for every tensor;
+    measured on the H200 host, slice copies of a chunked call's ~25 stretches through ``torch._foreach_copy_`` cost
+    2x the index path, the slicing itself being ~2 us per view), or with ``as_pieces`` the pieces themselves,
+    ``("pieces", [pieces, 3] int32)`` (source row, staging row, length), for a family's piece copy."""
     if len(length) == 1:  # one slice: no index upload
         return ("slice", int(dst0[0]), int(src0[0]), int(length[0]))
     if as_pieces:

@@ -46,7 +46,7 @@ def test_nvcc_build_and_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     ext = _load_built(tmp_path / "lib")
     launchers = ("rms_norm_fwd", "silu_fwd", "rope", "qk_norm_dw_tiles", "embedding_fwd", "embedding_fold",
                  "pack_rows", "logp_fwd", "logp_bwd", "gemm_nt", "gemm_nn", "gemm_dw_fold", "llp_forward",
-                 "llp_dlogits")
+                 "llp_dlogits", "copy_pieces")
     assert not [n for n in launchers if not hasattr(ext, n)], "a launcher is missing from the fresh build"
 
     err, count = ext.device_count()  # never raises, even without a driver

@@ -14,6 +14,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.cuda_kernels.stage_copy import copy_pieces
 from gradsweep.kernel_api import check_embedding, embedding_function, require_fold, run_function
 
 TILE: int = 1
@@ -55,7 +56,7 @@ def embedding_backward(ids: torch.Tensor, dy: torch.Tensor, rows: RowIdentity, f
         raise ValueError("embedding: rows must describe every row of ids")
     if fold.tile != TILE:
         raise ValueError(f"embedding: fold.tile must be embedding.TILE={TILE}, got {fold.tile}")
-    step = fold.take(rows, (dy.contiguous(), ids))
+    step = fold.take(rows, (dy.contiguous(), ids), stage_copy=copy_pieces)
     dy_src, ids_src = step.tensors
     tokens = step.plan.reshape(-1)
     if tokens.device.type == "cpu" and bool((tokens < 0).any()):  # checked where it costs no sync

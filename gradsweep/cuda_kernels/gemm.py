@@ -19,6 +19,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, FoldStep, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.cuda_kernels.stage_copy import copy_pieces
 from gradsweep.kernel_api import check_linear, require_fold, run_function
 
 OUT_BF16, OUT_F32_CHAIN, OUT_F32_ADD = 0, 1, 2  # gemm_nn's ``out`` (csrc/gradsweep.h: kNnBf16, ...)
@@ -141,7 +142,7 @@ class DetLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             if ctx.fold is None:
                 raise ValueError("det_linear backward: weight requires grad but fold is None")
-            step = ctx.fold.take(ctx.rows, (x, dy))
+            step = ctx.fold.take(ctx.rows, (x, dy), stage_copy=copy_pieces)
             dw_fold(step, ctx.fold.main_grad)
         return dx, None, None, None
 

@@ -26,6 +26,7 @@ import torch
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
 from gradsweep.cuda_kernels.gemm import TILE, dw_fold_raw, matmul_add
+from gradsweep.cuda_kernels.stage_copy import copy_pieces
 from gradsweep.kernel_api import check_linear_logp, logp_outputs, require_fold, run_function
 
 __all__ = ["TILE", "linear_logp"]
@@ -113,7 +114,7 @@ class LinearLogpFn(torch.autograd.Function):
         if need_w:
             if ctx.fold is None:
                 raise ValueError("linear_logp backward: weight requires grad but fold is None")
-            step = ctx.fold.take(ctx.rows, src)
+            step = ctx.fold.take(ctx.rows, src, stage_copy=copy_pieces)
             if step.num_tiles > 0:
                 src = tuple(t.contiguous() for t in step.tensors)
                 n_pend, plan = src[0].shape[0] - r, step.plan

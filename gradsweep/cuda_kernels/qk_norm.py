@@ -16,6 +16,7 @@ import torch
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
 from gradsweep.cuda_kernels.rms_norm import rms_norm_dx, rms_norm_forward
+from gradsweep.cuda_kernels.stage_copy import copy_pieces
 from gradsweep.kernel_api import check_qk_norm, require_fold, run_function
 
 TILE: int = 32
@@ -35,7 +36,7 @@ def qk_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 def _fold_dweight(x: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, rows: RowIdentity,
                   fold: CanonicalFold) -> None:
     _, heads, head_dim = x.shape
-    step = fold.take(rows, (dy, x, rstd))
+    step = fold.take(rows, (dy, x, rstd), stage_copy=copy_pieces)
     if step.num_tiles == 0 or head_dim == 0:
         return
     dy_s, x_s, r_s = (t.contiguous() for t in step.tensors)

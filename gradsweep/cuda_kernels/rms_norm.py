@@ -14,6 +14,7 @@ import torch
 
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.cuda_kernels import runtime as rt
+from gradsweep.cuda_kernels.stage_copy import copy_pieces
 from gradsweep.kernel_api import check_rms_norm, require_fold, run_function
 
 TILE: int = 64
@@ -46,7 +47,7 @@ def rms_norm_fold_dweight(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
                           fold: CanonicalFold) -> None:
     """Fold this call's dweight contributions into fold.main_grad in canonical order."""
     hidden = x.shape[1]
-    step = fold.take(rows, (dy, x, rstd))
+    step = fold.take(rows, (dy, x, rstd), stage_copy=copy_pieces)
     if step.num_tiles == 0 or hidden == 0:
         return
     dy_s, x_s, r_s = (t.contiguous() for t in step.tensors)
