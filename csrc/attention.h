@@ -21,10 +21,11 @@ int64_t attn_fold_tile();                 // queries per canonical tile of the d
 int64_t attn_fold_keys();                 // keys per dK / dV program
 int64_t attn_max_head_dim();
 
-// attention_fwd.cu
+// attention_fwd.cu. path: as attn_dkdv's (0 auto: the wide programs on wgmma on Hopper at head_dim 65 .. 128;
+// 1 mma.sync; 2 wgmma, cudaErrorNotSupported where it does not apply). The same bits either way: tests compare them.
 int attn_fwd(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t wide, int64_t n_wide,
              uintptr_t narrow, int64_t n_narrow, int64_t pack, int64_t HQ, int64_t HKV, int64_t D, int64_t T,
-             float qk_scale, int device, uintptr_t stream);
+             float qk_scale, int device, uintptr_t stream, int path = 0);
 // dst_a[toks[i]] = src_a[rows[i]] (and the same for b when src_b != 0), rows of row_elems 16-bit elements.
 int attn_scatter(uintptr_t src_a, uintptr_t dst_a, uintptr_t src_b, uintptr_t dst_b, uintptr_t rows,
                  uintptr_t toks, int64_t n, int64_t row_elems, int device, uintptr_t stream);

@@ -24,67 +24,36 @@
 // held the fold back, notes/kernels_cuda.md), by cp.async with zero rows for a sample's last, short tile (TMA
 // would read the next sample's rows there): the same bytes at the same addresses either way. K, V, lse and delta
 // stay on cp.async (once a program, and 256 bytes a tile).
-#include <cuda.h>  // CUtensorMap
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <utility>
 
 #include "attention_dkdv.cuh"
+#include "attention_sm90.cuh"
 #include "cute/arch/copy_sm90_desc.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
-#include "cute/arch/mma_sm90_desc.hpp"
-#include "cute/arch/mma_sm90_gmma.hpp"
 #include "cutlass/arch/barrier.h"
-#include "tensor_map.cuh"
 
 namespace gs {
 namespace attn {
 namespace {
 
 namespace gmma = cute::SM90::GMMA;
+using sm90::fence_regs;
+using sm90::kBox;
+using sm90::kDP;
+using sm90::kmajor;
+using sm90::mnmajor;
 
-constexpr int kDP = kMaxHeadDim;        // 128 columns in shared memory (columns past D zero)
 constexpr int kBK = kFoldWarps * 16;    // 64 keys: one warpgroup's m64
 constexpr int kTile = kFoldTile;        // 32 queries: wgmma's n32 of S^T and dP^T
 constexpr int kThreads = kFoldWarps * 32;
 constexpr int kStages = 4;
 constexpr int kNT = kTile / 8, kND = kDP / 8, kKS = kDP / 16;
 constexpr int kKvBytes = kBK * kDP * 2, kQBytes = kTile * kDP * 2;
-constexpr int kBox = 64;  // columns per TMA box: one 128-byte swizzled row of bf16, a tile's half
 // + alignment slack; then K, V, the Q / dO stages, lse / delta, one "full" barrier a stage
 constexpr int kSmem = 1024 + 2 * kKvBytes + 2 * kStages * kQBytes + 2 * kStages * kTile * 4 + kStages * 8;
 using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
 static_assert(kFoldWarps == 4 && kTile == 32 && kDP == 128, "the wgmma shapes below assume these");
-
-// ROWS rows of kDP columns into a swizzled K-major tile (row r from row_ptr(r), nullptr: a zero row).
-template <int ROWS, class RowPtr>
-__device__ __forceinline__ void load_sw128(unsigned char* s, RowPtr row_ptr, int64_t D, bool vec) {
-  constexpr int kChunks = kDP / 8;
-  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i - (i / kChunks) * kChunks;
-    unsigned char* dst = s + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-    mma::load8(reinterpret_cast<bf16*>(dst), row_ptr(r), c * 8, D, vec);
-  }
-}
-
-// A wgmma shared-memory descriptor of a 128-byte-swizzled operand at `p` (1024-byte-aligned atoms): strides in
-// bytes (LBO: between 64-element MN chunks of an MN-major operand; SBO: between 8-row groups).
-__device__ __forceinline__ uint64_t sw128_desc(const void* p, uint32_t lbo, uint32_t sbo) {
-  const uint32_t a = mma::smem_addr(p);
-  return static_cast<uint64_t>((a >> 4) & 0x3FFFu) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
-}
-// K-major tile of ROWS rows, the descriptor of k16 step kk: 32 bytes a step inside a 64-column half.
-template <int ROWS>
-__device__ __forceinline__ uint64_t kmajor(const unsigned char* tile, int kk) {
-  return sw128_desc(tile + (kk >> 2) * (ROWS * 128) + (kk & 3) * 32, 16, 1024);
-}
-// The same tile read MN-major (k = row): k16 step c starts 16 rows in; the two column halves are ROWS * 128 apart.
-template <int ROWS>
-__device__ __forceinline__ uint64_t mnmajor(const unsigned char* tile, int c) {
-  return sw128_desc(tile + c * 16 * 128, ROWS * 128, 1024);
-}
 
 template <size_t... I>
 __device__ __forceinline__ void wgmma_s(uint64_t a, uint64_t b, float (&d)[kNT][4], std::index_sequence<I...>) {
@@ -97,14 +66,6 @@ __device__ __forceinline__ void wgmma_acc(const uint32_t (&a)[4], uint64_t b, fl
   gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>::fma(a[0], a[1], a[2], a[3], b,
                                                                          d[I / 4][I % 4]..., gmma::ScaleOut::One);
 }
-template <int N, int M>
-__device__ __forceinline__ void fence_regs(float (&d)[N][M]) {
-#pragma unroll
-  for (int j = 0; j < N; ++j)
-#pragma unroll
-    for (int e = 0; e < M; ++e) cute::warpgroup_fence_operand(d[j][e]);
-}
-
 // acc += A B over one tile's kTile queries (dV += P^T dO, dK += dS^T Q): per 16 queries one wgmma of the hi operand
 // and, with fp32 grads, one of the lo operand (c_to_a_split), B the store tile read MN-major. One batch, committed
 // and not waited (the caller overlaps it with the next element step).
@@ -156,8 +117,8 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p, bool
   __syncthreads();
 
   const FoldProgram f(p, kTile);
-  load_sw128<kBK>(sK, [&](int r) { return f.key_row(p, p.k, r); }, p.D, p.vec_kv);
-  load_sw128<kBK>(sV, [&](int r) { return f.key_row(p, p.v, r); }, p.D, p.vec_kv);
+  sm90::load_sw128<kBK, kThreads>(sK, [&](int r) { return f.key_row(p, p.k, r); }, p.D, p.vec_kv);
+  sm90::load_sw128<kBK, kThreads>(sV, [&](int r) { return f.key_row(p, p.v, r); }, p.D, p.vec_kv);
 
   const int n_tiles = f.n_tiles;
   const int n_it = p.G * n_tiles;  // (head of the group, tile), heads outer
@@ -172,10 +133,10 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p, bool
         tma_tile(&tma_do, full + stage, sO + stage * kQBytes, hq, f.tok_base + t0);
       }
     } else {
-      load_sw128<kTile>(sQ + stage * kQBytes, [&](int r) { return f.query_row(p, p.q, hq, t0 + r); }, p.D,
-                        p.vec_q);
-      load_sw128<kTile>(sO + stage * kQBytes, [&](int r) { return f.query_row(p, p.dout, hq, t0 + r); }, p.D,
-                        p.vec_q);
+      sm90::load_sw128<kTile, kThreads>(sQ + stage * kQBytes,
+                                        [&](int r) { return f.query_row(p, p.q, hq, t0 + r); }, p.D, p.vec_q);
+      sm90::load_sw128<kTile, kThreads>(sO + stage * kQBytes,
+                                        [&](int r) { return f.query_row(p, p.dout, hq, t0 + r); }, p.D, p.vec_q);
       if (threadIdx.x == 0) FullBarrier::arrive(full + stage);  // the phase completes; cp.async is waited below
     }
     load_lse_delta<kTile, kThreads>(sLse + stage * kTile, sDel + stage * kTile, p, f, hq, t0);
@@ -251,20 +212,6 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p, bool
   store_fold_acc<kND>(dk, dv, p, f, wrow);
 }
 
-// A [T, H, D] bf16 store as a TMA map of [kTile tokens, 1 head, kBox columns] boxes, 128-byte swizzle; columns past
-// D read as zero. False where TMA cannot take it (16-byte rows and base needed): cp.async loads every tile then.
-bool encode_store(CUtensorMap* map, const bf16* base, int64_t T, int64_t H, int64_t D) {
-  if (D % 8 != 0 || (reinterpret_cast<uintptr_t>(base) & 15u) != 0 || T > 2147483647LL || H > 2147483647LL)
-    return false;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(T)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * 2, static_cast<cuuint64_t>(H * D) * 2};
-  const cuuint32_t box[3] = {kBox, 1, kTile};
-  const cuuint32_t unit[3] = {1, 1, 1};
-  return encode_tensor_map_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(base), dims, strides,
-                                 box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <bool FP32_GRADS>
 int launch(const KvParams& p, int64_t n_work, cudaStream_t stream) {
   const int64_t grid = n_work * p.HKV;
@@ -272,7 +219,8 @@ int launch(const KvParams& p, int64_t n_work, cudaStream_t stream) {
   constexpr auto kernel = dkdv_sm90_kernel<FP32_GRADS>;
   GS_TRY(dynamic_smem_once<kernel>(kSmem));
   CUtensorMap tma_q{}, tma_do{};
-  const bool tma = encode_store(&tma_q, p.q, p.T, p.HQ, p.D) && encode_store(&tma_do, p.dout, p.T, p.HQ, p.D);
+  const bool tma = sm90::encode_store(&tma_q, p.q, p.T, p.HQ, p.D, kTile) &&
+                   sm90::encode_store(&tma_do, p.dout, p.T, p.HQ, p.D, kTile);
   kernel<<<static_cast<unsigned>(grid), kThreads, kSmem, stream>>>(p, tma, tma_q, tma_do);
   return static_cast<int>(cudaGetLastError());
 }

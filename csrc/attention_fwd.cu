@@ -10,24 +10,12 @@
 // lse = m + log2(l) (log2 units, scale folded in). The same code serves wide programs (8 warps x 16 rows) and
 // narrow ones (16 rows on one warp, 4 warps loading; decode steps): a row's arithmetic depends on kBlockN and
 // head_dim only.
-#include "attention.cuh"
 #include "attention.h"
+#include "attention_fwd.cuh"
+#include "gradsweep.h"
 
 namespace gs {
 namespace attn {
-
-struct FwdParams {
-  const bf16* q;
-  const bf16* k;
-  const bf16* v;
-  bf16* o;
-  float* lse;
-  const int32_t* progs;
-  int pack, n_hb, G;
-  int64_t HQ, HKV, D, T;
-  float qk_scale;
-  bool vec_q, vec_kv, pair_o;
-};
 
 // WARPS load; the first CW of them hold rows (CW x MI m-tiles of 16). SPLIT: one K and one V buffer, K of the next
 // block loaded while this block's softmax and P V run, V of the next while its scores run (a narrow program then
@@ -56,7 +44,6 @@ struct BlockP {
 template <class C, int MI, bool MASKED>
 __device__ __forceinline__ void fwd_scores(const bf16* sQ, const bf16* sK, int wrow, int n0, const int (&pos)[MI][2],
                                            float (&m)[MI][2], float (&l)[MI][2], float scale, BlockP<C, MI>& bp) {
-  const int tq = lane_id() & 3;
   float s[MI][C::NJ][4];
 #pragma unroll
   for (int i = 0; i < MI; ++i)
@@ -78,41 +65,7 @@ __device__ __forceinline__ void fwd_scores(const bf16* sQ, const bf16* sK, int w
     }
   }
 
-#pragma unroll
-  for (int i = 0; i < MI; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rel = pos[i][h] - n0;  // key c of the block is visible to the row iff c <= rel
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < C::NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[i][j][2 * h + e];
-          if (MASKED && 8 * j + 2 * tq + e > rel) x = -INFINITY;
-          mx = fmaxf(mx, x);
-        }
-      mx = quad_max(mx);  // max is exact in any order
-      const bool act = !MASKED || rel >= 0;
-      const float m_new = fmaxf(m[i][h], __fmul_rn(mx, scale));
-      const float m_use = act ? m_new : 0.0f;
-      bp.alpha[i][h] = act ? ex2(__fsub_rn(m[i][h], m_use)) : 1.0f;
-      float rs = 0.0f;
-#pragma unroll
-      for (int j = 0; j < C::NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = ex2(__fmaf_rn(s[i][j][2 * h + e], scale, -m_use));
-          s[i][j][2 * h + e] = p;
-          rs = __fadd_rn(rs, p);
-        }
-      rs = quad_sum(rs);
-      if (act) {
-        m[i][h] = m_new;
-        l[i][h] = __fmaf_rn(l[i][h], bp.alpha[i][h], rs);
-      }
-      bp.active[i][h] = act;
-    }
+  fwd_softmax<C::NJ, MI, MASKED>(s, n0, pos, m, l, scale, bp.alpha, bp.active);
 #pragma unroll
   for (int i = 0; i < MI; ++i) c_to_a<C::NJ>(bp.pa[i], s[i]);
 }
@@ -181,16 +134,9 @@ __global__ void __launch_bounds__(FwdCfg<DP, WARPS, MI, CW, SPLIT>::THREADS,
 
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const bool rows_here = warp < CW;  // warp-uniform: the other warps only load
-  const int gq = lane_id() >> 2, tq = lane_id() & 3;
   const int wrow = rows_here ? warp * 16 * MI : 0;
-  int pos[MI][2];  // a row's position, -1 for a slot past the program's tokens
-#pragma unroll
-  for (int i = 0; i < MI; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int t = (wrow + 16 * i + gq + 8 * h) / pack;
-      pos[i][h] = rows_here && t < pr.cnt ? static_cast<int>(pr.pos0) + t : -1;
-    }
+  int pos[MI][2];
+  fwd_positions<MI>(pr, pack, wrow, rows_here, pos);
   float m[MI][2], l[MI][2], acc[MI][C::ND][4];
 #pragma unroll
   for (int i = 0; i < MI; ++i) {
@@ -231,30 +177,7 @@ __global__ void __launch_bounds__(FwdCfg<DP, WARPS, MI, CW, SPLIT>::THREADS,
   key_block_loop<C::BN, SPLIT>(nb, C::BN * C::LD, sK, sV, p.k, p.v, load_keys, scores, pv);
   if (!rows_here) return;
 
-#pragma unroll
-  for (int i = 0; i < MI; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (pos[i][h] < 0) continue;
-      const int r = wrow + 16 * i + gq + 8 * h;
-      const int t = r / pack;
-      const int64_t hq = static_cast<int64_t>(hb) * pack + (r - t * pack);
-      bf16* orow = p.o + ((pr.row0 + t) * p.HQ + hq) * p.D;
-#pragma unroll
-      for (int j = 0; j < C::ND; ++j) {
-        const int col = 8 * j + 2 * tq;
-        if (col >= p.D) continue;
-        const float v0 = plus_zero(__fdiv_rn(acc[i][j][2 * h], l[i][h]));
-        const float v1 = plus_zero(__fdiv_rn(acc[i][j][2 * h + 1], l[i][h]));
-        if (p.pair_o && col + 1 < p.D) {
-          *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(v0, v1);
-        } else {
-          orow[col] = __float2bfloat16_rn(v0);
-          if (col + 1 < p.D) orow[col + 1] = __float2bfloat16_rn(v1);
-        }
-      }
-      if (tq == 0) p.lse[hq * p.T + pr.tok0 + t] = __fadd_rn(m[i][h], log2f(l[i][h]));
-    }
+  fwd_store<C::ND, MI>(p, pr, hb, wrow, pos, acc, m, l);
 }
 
 template <int DP, int WARPS, int MI, int CW, bool SPLIT>
@@ -269,11 +192,19 @@ int launch_fwd(const FwdParams& p, int64_t n_progs, cudaStream_t stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
+// The wide programs (on wgmma where `sm90`: Hopper, head_dim 65 .. 128), then the narrow ones.
 template <int DP>
 int launch_fwd_both(FwdParams p, const int32_t* wide, int64_t n_wide, const int32_t* narrow, int64_t n_narrow,
-                    cudaStream_t stream) {
+                    bool sm90, cudaStream_t stream) {
   p.progs = wide;
-  const int err = launch_fwd<DP, kFwdWarps, kFwdMI, kFwdWarps, false>(p, n_wide, stream);
+  int err = 0;
+  if (sm90) {
+#ifndef GS_NO_SM90_GEMM
+    err = launch_fwd_sm90(p, n_wide, stream);
+#endif
+  } else {
+    err = launch_fwd<DP, kFwdWarps, kFwdMI, kFwdWarps, false>(p, n_wide, stream);
+  }
   if (err != 0) return err;
   p.progs = narrow;
   return launch_fwd<DP, kNarrowWarps, 1, 1, true>(p, n_narrow, stream);
@@ -316,7 +247,7 @@ int64_t attn_max_head_dim() { return attn::kMaxHeadDim; }
 
 int attn_fwd(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t wide, int64_t n_wide,
              uintptr_t narrow, int64_t n_narrow, int64_t pack, int64_t HQ, int64_t HKV, int64_t D, int64_t T,
-             float qk_scale, int device, uintptr_t stream) {
+             float qk_scale, int device, uintptr_t stream, int path) {
   if (n_wide + n_narrow == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
@@ -340,9 +271,16 @@ int attn_fwd(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, 
   const auto* w = reinterpret_cast<const int32_t*>(wide);
   const auto* nw = reinterpret_cast<const int32_t*>(narrow);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  if (D <= 32) return attn::launch_fwd_both<32>(p, w, n_wide, nw, n_narrow, s);
-  if (D <= 64) return attn::launch_fwd_both<64>(p, w, n_wide, nw, n_narrow, s);
-  return attn::launch_fwd_both<128>(p, w, n_wide, nw, n_narrow, s);
+  // Hopper, head_dim 65 .. 128: the wide programs on wgmma (the same bits: a speed choice, never a layout's).
+#ifndef GS_NO_SM90_GEMM
+  const bool sm90 = D > 64 && path != kGemmPortable && hopper_gemm(device);
+#else
+  const bool sm90 = false;
+#endif
+  if (path == kGemmSm90 && !sm90) return static_cast<int>(cudaErrorNotSupported);
+  if (D <= 32) return attn::launch_fwd_both<32>(p, w, n_wide, nw, n_narrow, false, s);
+  if (D <= 64) return attn::launch_fwd_both<64>(p, w, n_wide, nw, n_narrow, false, s);
+  return attn::launch_fwd_both<128>(p, w, n_wide, nw, n_narrow, sm90, s);
 }
 
 int attn_scatter(uintptr_t src_a, uintptr_t dst_a, uintptr_t src_b, uintptr_t dst_b, uintptr_t rows,

@@ -50,15 +50,16 @@ void bind_attention_rl(py::module_& m) {
 
   m.def("attn_fwd", [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t wide,
                        int64_t n_wide, uintptr_t narrow, int64_t n_narrow, int64_t pack, int64_t HQ, int64_t HKV,
-                       int64_t D, int64_t T, float qk_scale, int device, uintptr_t stream) {
+                       int64_t D, int64_t T, float qk_scale, int device, uintptr_t stream, int path) {
     check_attn_shape(pack, HQ, HKV, D, T, "attn_fwd");
     require(n_wide >= 0 && n_narrow >= 0 && n_wide * (HQ / pack) <= kMaxGrid && n_narrow * (HQ / pack) <= kMaxGrid,
             "attn_fwd: too many programs");
+    require(path >= 0 && path <= 2, "attn_fwd: path must be 0 (auto), 1 (mma.sync) or 2 (wgmma)");
     check(gs::attn_fwd(q, k, v, o, lse, wide, n_wide, narrow, n_narrow, pack, HQ, HKV, D, T, qk_scale, device,
-                       stream), "attn_fwd");
+                       stream, path), "attn_fwd");
   }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("wide"), py::arg("n_wide"),
      py::arg("narrow"), py::arg("n_narrow"), py::arg("pack"), py::arg("HQ"), py::arg("HKV"), py::arg("D"),
-     py::arg("T"), py::arg("qk_scale"), py::arg("device"), py::arg("stream"));
+     py::arg("T"), py::arg("qk_scale"), py::arg("device"), py::arg("stream"), py::arg("path") = 0);
   m.def("attn_dq", [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t dout, uintptr_t dq,
                       uintptr_t lse, uintptr_t delta, uintptr_t wide, int64_t n_wide, uintptr_t narrow,
                       int64_t n_narrow, int64_t pack, int64_t HQ, int64_t HKV, int64_t D, int64_t T, float qk_scale,

@@ -123,8 +123,10 @@ def test_stand_in_goes_red_on_planted_faults(stand_in, monkeypatch: pytest.Monke
     ignores the main grad it was handed, are caught: the stand-in checks can fail."""
     real_fwd = cuda_attention_ext.attn_fwd
 
-    def leaky(q, k, v, o, lse, wide, n_wide, narrow, n_narrow, pack, HQ, HKV, D, T, qk_scale, device, stream):
-        real_fwd(q, k, v, o, lse, wide, n_wide, narrow, n_narrow, pack, HQ, HKV, D, T, qk_scale, device, stream)
+    def leaky(q, k, v, o, lse, wide, n_wide, narrow, n_narrow, pack, HQ, HKV, D, T, qk_scale, device, stream,
+              path=0):
+        real_fwd(q, k, v, o, lse, wide, n_wide, narrow, n_narrow, pack, HQ, HKV, D, T, qk_scale, device, stream,
+                 path)
         t = cuda_ext._t(wide)
         if n_wide and int(t[0, 3]) > 1:  # the first row of a multi-token program gets its neighbour's value
             rows = cuda_ext._t(o).view(-1, HQ, D)
@@ -352,6 +354,49 @@ def test_wgmma_fold_equals_the_mma_sync_fold_bit_for_bit(shape, fp32_grads, monk
                                                 device="cuda"))  # the fold wrote
         assert _same_bits(dk1, dk2), ("dK", load_acc)
         assert _same_bits(dv1, dv2), ("dV", load_acc)
+
+
+@pytest.mark.gpu
+@needs_cuda_kernels
+@pytest.mark.parametrize("shape", [RELEASE, {"heads": 6, "kv_heads": 2, "head_dim": 96},
+                                   {"heads": 40, "kv_heads": 2, "head_dim": 128}])
+def test_wgmma_forward_equals_the_mma_sync_forward_bit_for_bit(shape, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Hopper at head_dim 65 .. 128 the wide forward programs run on wgmma (csrc/attention_fwd_sm90.cu), elsewhere
+    on mma.sync: the two must give the same o and lse bits, or the GPU would pick a log-prob. Both launched from the
+    same state on every call of a packed step, a chunked one (programs that start mid-block) and a decode one, with
+    an Inf planted in V at a later token: rows a masked block lies wholly after must keep their state exactly."""
+    if not runtime.ext().hopper_gemm(torch.cuda.current_device()):
+        pytest.skip("the wgmma forward needs an sm_90 GPU")
+    real_launch = attn._launch_fwd
+    seen: list[tuple[torch.Tensor, ...]] = []
+
+    def both_paths(q, o, plan, cache, path=0) -> None:
+        o0, lse0 = o.clone(), cache.lse.clone()
+        real_launch(q, o, plan, cache, 1)  # mma.sync
+        o1, lse1 = o.clone(), cache.lse.clone()
+        o.copy_(o0)
+        cache.lse.copy_(lse0)
+        real_launch(q, o, plan, cache, 2)  # wgmma (raises where it does not apply)
+        seen.append((o1, lse1, o.clone(), cache.lse.clone(), plan.fwd.wide.shape[0]))
+
+    monkeypatch.setattr(attn, "_launch_fwd", both_paths)
+    lengths = [300, 70, 129, 1, 64]
+    q, k, v, do = _qkv(lengths, shape)
+    v = v.clone()
+    v[250, 0, 3] = float("inf")  # sample 0, position 250: past the rows of every program that ends before it
+    data = (q, k, v, do)
+    cuts = [[0, 37, 64, 200, n] if n > 200 else [0, n] for n in lengths]
+    _step([[(s, 0, n) for s, n in enumerate(lengths)]], lengths, shape, data, grad=False)
+    _step([[(s, c[i], c[i + 1]) for s, c in enumerate(cuts) if i + 1 < len(c)] for i in range(4)], lengths, shape,
+          data, grad=False)
+    _step([[(s, 0, n - 2 if n > 2 else n) for s, n in enumerate(lengths)]]
+          + [[(s, n - 2 + i, n - 1 + i) for s, n in enumerate(lengths) if n > 2] for i in range(2)], lengths, shape,
+          data, grad=False)
+    torch.cuda.synchronize()
+    assert sum(w for *_, w in seen) > 0  # wide programs ran on both paths
+    for i, (o1, lse1, o2, lse2, _) in enumerate(seen):
+        assert _same_bits(o1, o2), ("o", i)
+        assert _same_bits(lse1, lse2), ("lse", i)
 
 
 @pytest.mark.gpu

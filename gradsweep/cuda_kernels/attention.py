@@ -163,13 +163,20 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowIdentit
              need_grad: bool) -> tuple[torch.Tensor, _Plan]:
     plan, o = cache._begin_forward(rows, q, k, v, need_grad)
     if plan.n_real:
-        dev, stream = rt.launch(q)
-        fwd = plan.fwd
-        rt.ext().attn_fwd(rt.ptr(q), rt.ptr(cache.k), rt.ptr(cache.v), rt.ptr(o), rt.ptr(cache.lse),
-                          rt.ptr(fwd.wide), fwd.wide.shape[0], rt.ptr(fwd.narrow), fwd.narrow.shape[0], plan.pack,
-                          cache.heads, cache.kv_heads, cache.head_dim, cache.total,
-                          LOG2E / math.sqrt(cache.head_dim), dev, stream)
+        _launch_fwd(q, o, plan, cache)
     return o, plan
+
+
+def _launch_fwd(q: torch.Tensor, o: torch.Tensor, plan: _Plan, cache: AttentionCache, path: int = 0) -> None:
+    """The forward programs of one call into ``o`` and ``cache.lse``. ``path``: 0 the kernels the GPU picks, 1 the
+    mma.sync programs, 2 the wide programs on wgmma (sm_90, head_dim 65 .. 128; the GPU test runs both on one
+    call and compares their bits)."""
+    dev, stream = rt.launch(q)
+    fwd = plan.fwd
+    rt.ext().attn_fwd(rt.ptr(q), rt.ptr(cache.k), rt.ptr(cache.v), rt.ptr(o), rt.ptr(cache.lse),
+                      rt.ptr(fwd.wide), fwd.wide.shape[0], rt.ptr(fwd.narrow), fwd.narrow.shape[0], plan.pack,
+                      cache.heads, cache.kv_heads, cache.head_dim, cache.total,
+                      LOG2E / math.sqrt(cache.head_dim), dev, stream, path)
 
 
 def _backward(q: torch.Tensor, o: torch.Tensor, do: torch.Tensor, plan: _Plan, cache: AttentionCache) -> torch.Tensor:

@@ -44,7 +44,8 @@ def _token_rows(prog, pack, hb, t, G):
     return row0 + t, tok0 + t, pos0 + t, tok0 - pos0, hq, (hb * pack) // G
 
 
-def attn_fwd(q, k, v, o, lse, wide, n_wide, narrow, n_narrow, pack, HQ, HKV, D, T, qk_scale, device, stream):
+def attn_fwd(q, k, v, o, lse, wide, n_wide, narrow, n_narrow, pack, HQ, HKV, D, T, qk_scale, device, stream,
+             path=0):
     G = HQ // HKV
     qs, ks, vs = _t(q).view(-1, HQ, D), _t(k).view(-1, HKV, D), _t(v).view(-1, HKV, D)
     os_, ls = _t(o).view(-1, HQ, D), _t(lse).view(HQ, -1)
