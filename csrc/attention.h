@@ -30,11 +30,12 @@ int attn_fwd(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, 
 int attn_scatter(uintptr_t src_a, uintptr_t dst_a, uintptr_t src_b, uintptr_t dst_b, uintptr_t rows,
                  uintptr_t toks, int64_t n, int64_t row_elems, int device, uintptr_t stream);
 
-// attention_dq.cu: dq of the programs' rows; delta[hq, token] = rowsum(P * dP) (exact) or rowsum(o * do).
+// attention_dq.cu: dq of the programs' rows; delta[hq, token] = rowsum(P * dP) (exact) or rowsum(o * do). path: as
+// attn_fwd's (the wide programs on wgmma on Hopper at head_dim 65 .. 128); the same bits either way.
 int attn_dq(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t dout, uintptr_t dq, uintptr_t lse,
             uintptr_t delta, uintptr_t wide, int64_t n_wide, uintptr_t narrow, int64_t n_narrow, int64_t pack,
             int64_t HQ, int64_t HKV, int64_t D, int64_t T, float qk_scale, float sm_scale, bool exact, int device,
-            uintptr_t stream);
+            uintptr_t stream, int path = 0);
 
 // attention_dkdv.cu: work int32 [n_work, 3] rows (token of the sample's start, first key, sample length).
 // path: as gemm_nt's (0 auto: the wgmma fold on Hopper at head_dim 65 .. 128, else mma.sync; 1 the mma.sync fold;

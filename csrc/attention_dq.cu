@@ -7,27 +7,12 @@
 //   dq += bf16(p * (dP - delta_o)) K;
 // a row the block lies wholly after keeps dq and dsum as they were. dq is stored as bf16(dq * sm_scale) with
 // -0 as +0; delta[hq, token] = exact ? dsum (-0 as +0) : delta_o.
-#include "attention.cuh"
 #include "attention.h"
+#include "attention_dq.cuh"
+#include "gradsweep.h"
 
 namespace gs {
 namespace attn {
-
-struct DqParams {
-  const bf16* q;
-  const bf16* k;
-  const bf16* v;
-  const bf16* o;
-  const bf16* dout;
-  bf16* dq;
-  const float* lse;
-  float* delta;
-  const int32_t* progs;
-  int pack, n_hb, G;
-  int64_t HQ, HKV, D, T;
-  float qk_scale, sm_scale;
-  bool exact, vec_q, vec_kv, vec_o, pair_dq;
-};
 
 // SPLIT: one K and one V buffer; V of the next block loads while this block's scores, dS and dQ run, K of the
 // next block while the next block's dP runs (a wide program then fits three to an SM, at <= 168 registers);
@@ -41,23 +26,6 @@ struct DqCfg {
   // the split program asks for as many blocks as its shared memory allows, at most what 168 registers allow
   static constexpr int MIN_BLOCKS = !SPLIT ? 1 : blocks_per_sm(SMEM, THREADS, 168);
 };
-
-// sum_d o[d] * do[d] in d order (16-byte and element loads read the same values in the same order).
-__device__ __forceinline__ float row_dot(const bf16* a, const bf16* b, int64_t D, bool vec) {
-  float acc = 0.0f;
-  if (vec) {
-    for (int64_t c = 0; c < D / 8; ++c) {
-      float fa[8], fb[8];
-      unpack8(__ldg(reinterpret_cast<const uint4*>(a) + c), fa);
-      unpack8(__ldg(reinterpret_cast<const uint4*>(b) + c), fb);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc = __fadd_rn(acc, __fmul_rn(fa[e], fb[e]));
-    }
-  } else {
-    for (int64_t d = 0; d < D; ++d) acc = __fadd_rn(acc, __fmul_rn(__bfloat162float(a[d]), __bfloat162float(b[d])));
-  }
-  return acc;
-}
 
 // A 16 x BN product of the warp's rows of A (shared, K-major) and a key block (shared, [key][d]): the k chain
 // over head_dim in 16-steps. S = Q K^T and dP = dO V^T are two of them; each element depends on its row and key
@@ -91,33 +59,11 @@ __device__ __forceinline__ void dq_block_k(const bf16* sQ, const bf16* sK, int w
                                            const float (&lse)[MI][2], const float (&del)[MI][2],
                                            float (&dp)[MI][C::NJ][4], float (&dsum)[MI][2],
                                            float (&dq)[MI][C::ND][4], float scale, bool exact) {
-  const int tq = lane_id() & 3;
   float s[MI][C::NJ][4];
   row_products<C, MI>(sQ, sK, wrow, s);
 
   bool active[MI][2];
-#pragma unroll
-  for (int i = 0; i < MI; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rel = pos[i][h] - n0;
-      float part = 0.0f;
-#pragma unroll
-      for (int j = 0; j < C::NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float x = s[i][j][2 * h + e];
-          if (MASKED && 8 * j + 2 * tq + e > rel) x = -INFINITY;
-          const float p = ex2(__fmaf_rn(x, scale, -lse[i][h]));
-          const float d = dp[i][j][2 * h + e];
-          part = __fadd_rn(part, __fmul_rn(p, d));
-          s[i][j][2 * h + e] = __fmul_rn(p, __fsub_rn(d, del[i][h]));  // dS (before the bf16 rounding)
-        }
-      if (exact) part = quad_sum(part);  // a warp-uniform branch: every lane of the quad takes it
-      const bool act = !MASKED || rel >= 0;
-      if (exact && act) dsum[i][h] = __fadd_rn(dsum[i][h], part);
-      active[i][h] = act;
-    }
+  dq_elements<C::NJ, MI, MASKED>(s, dp, n0, pos, lse, del, dsum, scale, exact, active);
 
   uint32_t da[MI][C::NJ / 2][4];
 #pragma unroll
@@ -171,10 +117,7 @@ __global__ void __launch_bounds__(WARPS * 32, DqCfg<DP, WARPS, MI, SPLIT>::MIN_B
   const int64_t kv_tok = pr.kv_tok();
   const int pmax = static_cast<int>(pr.pmax());
 
-  auto row_off = [&](int r) -> int64_t {  // element offset of row r in q / o / do / dq, or -1
-    const int t = r / pack;
-    return t < pr.cnt ? ((pr.row0 + t) * p.HQ + hb * pack + (r - t * pack)) * p.D : -1;
-  };
+  auto row_off = [&](int r) { return dq_row_offset(p, pr, hb, r); };
   load_tile<C::BM, DP, C::THREADS>(sQ, [&](int r) -> const bf16* {
     const int64_t off = row_off(r);
     return off >= 0 ? p.q + off : nullptr;
@@ -193,40 +136,14 @@ __global__ void __launch_bounds__(WARPS * 32, DqCfg<DP, WARPS, MI, SPLIT>::MIN_B
   if constexpr (SPLIT) mma::cp_async_commit();
   load_keys(sK, p.k, 0);
   mma::cp_async_commit();
-  for (int r = threadIdx.x; r < C::BM; r += C::THREADS) {  // per row: lse and delta_o (dead slots: 0)
-    const int64_t off = row_off(r);
-    float lse = 0.0f, del = 0.0f;
-    if (off >= 0) {
-      const int t = r / pack;
-      lse = p.lse[(static_cast<int64_t>(hb) * pack + (r - t * pack)) * p.T + pr.tok0 + t];
-      del = row_dot(p.o + off, p.dout + off, p.D, p.vec_o);
-    }
-    sLse[r] = lse;
-    sDel[r] = del;
-  }
+  dq_row_stats<C::BM, C::THREADS>(p, pr, hb, sLse, sDel);
   __syncthreads();
 
   const int warp = static_cast<int>(threadIdx.x >> 5);
-  const int gq = lane_id() >> 2, tq = lane_id() & 3;
   const int wrow = warp * 16 * MI;
   int pos[MI][2];
   float lse[MI][2], del[MI][2], dsum[MI][2], dq[MI][C::ND][4];
-#pragma unroll
-  for (int i = 0; i < MI; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = wrow + 16 * i + gq + 8 * h;
-      const int t = r / pack;
-      pos[i][h] = t < pr.cnt ? static_cast<int>(pr.pos0) + t : -1;
-      lse[i][h] = sLse[r];
-      del[i][h] = sDel[r];
-      dsum[i][h] = 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < C::ND; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dq[i][j][e] = 0.0f;
-  }
+  dq_row_state<C::ND, MI>(pr, pack, wrow, sLse, sDel, pos, lse, del, dsum, dq);
 
   const int nb = pmax / C::BN + 1;
   const int nb_full = (static_cast<int>(pr.pos0) + 1) / C::BN;
@@ -241,30 +158,7 @@ __global__ void __launch_bounds__(WARPS * 32, DqCfg<DP, WARPS, MI, SPLIT>::MIN_B
   auto products = [&](const bf16* v_s, int) { row_products<C, MI>(sO, v_s, wrow, dp); };  // dP = dO V^T first
   key_block_loop<C::BN, SPLIT>(nb, C::BN * C::LD, sV, sK, p.v, p.k, load_keys, products, rest);
 
-#pragma unroll
-  for (int i = 0; i < MI; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (pos[i][h] < 0) continue;
-      const int r = wrow + 16 * i + gq + 8 * h;
-      const int t = r / pack;
-      const int64_t hq = static_cast<int64_t>(hb) * pack + (r - t * pack);
-      bf16* out = p.dq + ((pr.row0 + t) * p.HQ + hq) * p.D;
-#pragma unroll
-      for (int j = 0; j < C::ND; ++j) {
-        const int col = 8 * j + 2 * tq;
-        if (col >= p.D) continue;
-        const float v0 = plus_zero(__fmul_rn(dq[i][j][2 * h], p.sm_scale));
-        const float v1 = plus_zero(__fmul_rn(dq[i][j][2 * h + 1], p.sm_scale));
-        if (p.pair_dq && col + 1 < p.D) {
-          *reinterpret_cast<__nv_bfloat162*>(out + col) = __floats2bfloat162_rn(v0, v1);
-        } else {
-          out[col] = __float2bfloat16_rn(v0);
-          if (col + 1 < p.D) out[col + 1] = __float2bfloat16_rn(v1);
-        }
-      }
-      if (tq == 0) p.delta[hq * p.T + pr.tok0 + t] = p.exact ? plus_zero(dsum[i][h]) : del[i][h];
-    }
+  dq_store<C::ND, MI>(p, pr, hb, wrow, pos, dq, dsum, del);
 }
 
 template <int DP, int WARPS, int MI, bool SPLIT>
@@ -279,12 +173,20 @@ int launch_dq(const DqParams& p, int64_t n_progs, cudaStream_t stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
+// The wide programs (on wgmma where `sm90`: Hopper, head_dim 65 .. 128), then the narrow ones.
 template <int DP>
 int launch_dq_both(DqParams p, const int32_t* wide, int64_t n_wide, const int32_t* narrow, int64_t n_narrow,
-                   cudaStream_t stream) {
+                   bool sm90, cudaStream_t stream) {
   p.progs = wide;
-  // wide programs: one K and one V buffer, three to an SM (measured on the H200: dQ 707 -> 583 us at 8 x 1024)
-  const int err = launch_dq<DP, kWideWarps, kDqMI, true>(p, n_wide, stream);
+  int err = 0;
+  if (sm90) {
+#ifndef GS_NO_SM90_GEMM
+    err = launch_dq_sm90(p, n_wide, stream);
+#endif
+  } else {
+    // one K and one V buffer, three to an SM (measured on the H200: dQ 707 -> 583 us at 8 x 1024)
+    err = launch_dq<DP, kWideWarps, kDqMI, true>(p, n_wide, stream);
+  }
   if (err != 0) return err;
   p.progs = narrow;
   return launch_dq<DP, 1, 1, false>(p, n_narrow, stream);
@@ -295,7 +197,7 @@ int launch_dq_both(DqParams p, const int32_t* wide, int64_t n_wide, const int32_
 int attn_dq(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t dout, uintptr_t dq, uintptr_t lse,
             uintptr_t delta, uintptr_t wide, int64_t n_wide, uintptr_t narrow, int64_t n_narrow, int64_t pack,
             int64_t HQ, int64_t HKV, int64_t D, int64_t T, float qk_scale, float sm_scale, bool exact, int device,
-            uintptr_t stream) {
+            uintptr_t stream, int path) {
   if (n_wide + n_narrow == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
@@ -325,9 +227,16 @@ int attn_dq(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t dout, 
   const auto* w = reinterpret_cast<const int32_t*>(wide);
   const auto* nw = reinterpret_cast<const int32_t*>(narrow);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  if (D <= 32) return attn::launch_dq_both<32>(p, w, n_wide, nw, n_narrow, s);
-  if (D <= 64) return attn::launch_dq_both<64>(p, w, n_wide, nw, n_narrow, s);
-  return attn::launch_dq_both<128>(p, w, n_wide, nw, n_narrow, s);
+  // Hopper, head_dim 65 .. 128: the wide programs on wgmma (the same bits: a speed choice, never a layout's).
+#ifndef GS_NO_SM90_GEMM
+  const bool sm90 = D > 64 && path != kGemmPortable && hopper_gemm(device);
+#else
+  const bool sm90 = false;
+#endif
+  if (path == kGemmSm90 && !sm90) return static_cast<int>(cudaErrorNotSupported);
+  if (D <= 32) return attn::launch_dq_both<32>(p, w, n_wide, nw, n_narrow, false, s);
+  if (D <= 64) return attn::launch_dq_both<64>(p, w, n_wide, nw, n_narrow, false, s);
+  return attn::launch_dq_both<128>(p, w, n_wide, nw, n_narrow, sm90, s);
 }
 
 }  // namespace gs

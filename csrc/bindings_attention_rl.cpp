@@ -63,16 +63,17 @@ void bind_attention_rl(py::module_& m) {
   m.def("attn_dq", [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t dout, uintptr_t dq,
                       uintptr_t lse, uintptr_t delta, uintptr_t wide, int64_t n_wide, uintptr_t narrow,
                       int64_t n_narrow, int64_t pack, int64_t HQ, int64_t HKV, int64_t D, int64_t T, float qk_scale,
-                      float sm_scale, bool exact, int device, uintptr_t stream) {
+                      float sm_scale, bool exact, int device, uintptr_t stream, int path) {
     check_attn_shape(pack, HQ, HKV, D, T, "attn_dq");
     require(n_wide >= 0 && n_narrow >= 0 && n_wide * (HQ / pack) <= kMaxGrid && n_narrow * (HQ / pack) <= kMaxGrid,
             "attn_dq: too many programs");
+    require(path >= 0 && path <= 2, "attn_dq: path must be 0 (auto), 1 (mma.sync) or 2 (wgmma)");
     check(gs::attn_dq(q, k, v, o, dout, dq, lse, delta, wide, n_wide, narrow, n_narrow, pack, HQ, HKV, D, T,
-                      qk_scale, sm_scale, exact, device, stream), "attn_dq");
+                      qk_scale, sm_scale, exact, device, stream, path), "attn_dq");
   }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("dout"), py::arg("dq"), py::arg("lse"),
      py::arg("delta"), py::arg("wide"), py::arg("n_wide"), py::arg("narrow"), py::arg("n_narrow"), py::arg("pack"),
      py::arg("HQ"), py::arg("HKV"), py::arg("D"), py::arg("T"), py::arg("qk_scale"), py::arg("sm_scale"),
-     py::arg("exact"), py::arg("device"), py::arg("stream"));
+     py::arg("exact"), py::arg("device"), py::arg("stream"), py::arg("path") = 0);
   m.def("attn_dkdv", [](uintptr_t k, uintptr_t v, uintptr_t q, uintptr_t dout, uintptr_t lse, uintptr_t delta,
                         uintptr_t dk, uintptr_t dv, uintptr_t work, int64_t n_work, int64_t HQ, int64_t HKV,
                         int64_t D, int64_t T, float qk_scale, float sm_scale, bool load_acc, bool fp32_grads,

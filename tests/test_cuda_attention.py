@@ -401,6 +401,51 @@ def test_wgmma_forward_equals_the_mma_sync_forward_bit_for_bit(shape, monkeypatc
 
 @pytest.mark.gpu
 @needs_cuda_kernels
+@pytest.mark.parametrize("shape", [RELEASE, {"heads": 6, "kv_heads": 2, "head_dim": 96}])
+@pytest.mark.parametrize("fp32_grads", [True, False])
+def test_wgmma_dq_equals_the_mma_sync_dq_bit_for_bit(shape, fp32_grads, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Hopper at head_dim 65 .. 128 the wide dQ programs run on wgmma (csrc/attention_dq_sm90.cu), elsewhere on
+    mma.sync: the two must give the same dq and delta bits (the exact delta with fp32 grads, delta_o without). Both
+    launched from the same state on every backward call of a packed step, a chunked one and a decode one, with an Inf
+    planted in K and V at a later token: rows a masked block lies wholly after must keep dq exactly."""
+    if not runtime.ext().hopper_gemm(torch.cuda.current_device()):
+        pytest.skip("the wgmma dQ needs an sm_90 GPU")
+    real_launch = attn._launch_dq
+    seen: list[tuple[torch.Tensor, ...]] = []
+
+    def both_paths(q, o, do, dq, plan, cache, path=0) -> None:
+        dq0, delta0 = dq.clone(), cache.delta.clone()
+        real_launch(q, o, do, dq, plan, cache, 1)  # mma.sync
+        dq1, delta1 = dq.clone(), cache.delta.clone()
+        dq.copy_(dq0)
+        cache.delta.copy_(delta0)
+        real_launch(q, o, do, dq, plan, cache, 2)  # wgmma (raises where it does not apply)
+        seen.append((dq1, delta1, dq.clone(), cache.delta.clone(), plan.dq.wide.shape[0]))
+
+    monkeypatch.setattr(attn, "_launch_dq", both_paths)
+    lengths = [300, 70, 129, 1, 64]
+    q, k, v, do = _qkv(lengths, shape)
+    k, v = k.clone(), v.clone()
+    k[250, 0, 3] = float("inf")  # sample 0, position 250: past the rows of every program that ends before it
+    v[250, 0, 5] = float("inf")
+    data = (q, k, v, do)
+    config = attn.AttnConfig(fp32_grads=fp32_grads)
+    cuts = [[0, 37, 64, 200, n] if n > 200 else [0, n] for n in lengths]
+    _step([[(s, 0, n) for s, n in enumerate(lengths)]], lengths, shape, data, config)
+    _step([[(s, c[i], c[i + 1]) for s, c in enumerate(cuts) if i + 1 < len(c)] for i in range(4)], lengths, shape,
+          data, config)
+    _step([[(s, 0, n - 2 if n > 2 else n) for s, n in enumerate(lengths)]]
+          + [[(s, n - 2 + i, n - 1 + i) for s, n in enumerate(lengths) if n > 2] for i in range(2)], lengths, shape,
+          data, config)
+    torch.cuda.synchronize()
+    assert sum(w for *_, w in seen) > 0  # wide programs ran on both paths
+    for i, (dq1, delta1, dq2, delta2, _) in enumerate(seen):
+        assert _same_bits(dq1, dq2), ("dq", i)
+        assert _same_bits(delta1, delta2), ("delta", i)
+
+
+@pytest.mark.gpu
+@needs_cuda_kernels
 def test_signed_zero_of_a_masked_key_never_reaches_o() -> None:
     """Row BN + 4 of one sample: block 0 gives acc[:, 0] < 0, key BN scores ~255 (log2) so the rescale underflows
     acc to -0; keys BN..row hold v[:, 0] = -0, keys after it (masked for the row) -1: a masked key adds 0 * -1 = -0

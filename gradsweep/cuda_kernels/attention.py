@@ -182,15 +182,23 @@ def _launch_fwd(q: torch.Tensor, o: torch.Tensor, plan: _Plan, cache: AttentionC
 def _backward(q: torch.Tensor, o: torch.Tensor, do: torch.Tensor, plan: _Plan, cache: AttentionCache) -> torch.Tensor:
     do, dq = cache._begin_backward(plan, q, o, do)
     if plan.n_real:
-        dev, stream = rt.launch(q)
-        sm_scale = 1.0 / math.sqrt(cache.head_dim)
-        progs = plan.dq
-        rt.ext().attn_dq(rt.ptr(q), rt.ptr(cache.k), rt.ptr(cache.v), rt.ptr(o), rt.ptr(do), rt.ptr(dq),
-                         rt.ptr(cache.lse), rt.ptr(cache.delta), rt.ptr(progs.wide), progs.wide.shape[0],
-                         rt.ptr(progs.narrow), progs.narrow.shape[0], plan.pack, cache.heads, cache.kv_heads,
-                         cache.head_dim, cache.total, sm_scale * LOG2E, sm_scale, cache.config.fp32_grads, dev, stream)
+        _launch_dq(q, o, do, dq, plan, cache)
     cache._end_backward(plan, do)
     return dq
+
+
+def _launch_dq(q: torch.Tensor, o: torch.Tensor, do: torch.Tensor, dq: torch.Tensor, plan: _Plan,
+               cache: AttentionCache, path: int = 0) -> None:
+    """The dQ programs of one call into ``dq`` and ``cache.delta``. ``path``: as ``_launch_fwd``'s (the GPU test
+    runs the mma.sync and the wgmma programs on one call and compares their bits)."""
+    dev, stream = rt.launch(q)
+    sm_scale = 1.0 / math.sqrt(cache.head_dim)
+    progs = plan.dq
+    rt.ext().attn_dq(rt.ptr(q), rt.ptr(cache.k), rt.ptr(cache.v), rt.ptr(o), rt.ptr(do), rt.ptr(dq),
+                     rt.ptr(cache.lse), rt.ptr(cache.delta), rt.ptr(progs.wide), progs.wide.shape[0],
+                     rt.ptr(progs.narrow), progs.narrow.shape[0], plan.pack, cache.heads, cache.kv_heads,
+                     cache.head_dim, cache.total, sm_scale * LOG2E, sm_scale, cache.config.fp32_grads, dev, stream,
+                     path)
 
 
 def _launch_dkdv(cache: AttentionCache) -> None:

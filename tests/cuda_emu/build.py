@@ -164,7 +164,8 @@ def build(out: Path, plant: tuple[str, str, str] | None = None) -> Path:
     att = att.replace("namespace attn {\n", "namespace attn {\n"
                       "inline void cp_async4(void* d, const void* s) { std::memcpy(d, s, 4); }\n", 1)
     (src / "attention.cuh").write_text(att)
-    for header in ("attention.h", "attention_dkdv.cuh", "attention_fwd.cuh", "rl.h", "gradsweep.h"):
+    for header in ("attention.h", "attention_dkdv.cuh", "attention_dq.cuh", "attention_fwd.cuh", "rl.h",
+                   "gradsweep.h"):
         shutil.copy(CSRC / header, src / header)
     for stem in KERNELS:
         text = (CSRC / f"{stem}.cu").read_text()

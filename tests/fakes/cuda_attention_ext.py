@@ -66,7 +66,7 @@ def attn_fwd(q, k, v, o, lse, wide, n_wide, narrow, n_narrow, pack, HQ, HKV, D, 
 
 
 def attn_dq(q, k, v, o, dout, dq, lse, delta, wide, n_wide, narrow, n_narrow, pack, HQ, HKV, D, T, qk_scale,
-            sm_scale, exact, device, stream):
+            sm_scale, exact, device, stream, path=0):
     G = HQ // HKV
     qs, ks, vs = _t(q).view(-1, HQ, D), _t(k).view(-1, HKV, D), _t(v).view(-1, HKV, D)
     os_, dos, dqs = _t(o).view(-1, HQ, D), _t(dout).view(-1, HQ, D), _t(dq).view(-1, HQ, D)
