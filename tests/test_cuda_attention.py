@@ -356,6 +356,18 @@ def test_wgmma_fold_equals_the_mma_sync_fold_bit_for_bit(shape, fp32_grads, monk
         assert _same_bits(dv1, dv2), ("dV", load_acc)
 
 
+def _packed_chunked_decode(lengths, shape, data, config, grad: bool) -> None:
+    """Three steps over the same samples: one packed call; calls cut at 37, 64 and 200 (programs that start
+    mid-block); a prefill of all but the last two tokens, then two decode calls of one token per sample."""
+    cuts = [[0, 37, 64, 200, n] if n > 200 else [0, n] for n in lengths]
+    _step([[(s, 0, n) for s, n in enumerate(lengths)]], lengths, shape, data, config, grad)
+    _step([[(s, c[i], c[i + 1]) for s, c in enumerate(cuts) if i + 1 < len(c)] for i in range(4)], lengths, shape,
+          data, config, grad)
+    _step([[(s, 0, n - 2 if n > 2 else n) for s, n in enumerate(lengths)]]
+          + [[(s, n - 2 + i, n - 1 + i) for s, n in enumerate(lengths) if n > 2] for i in range(2)], lengths, shape,
+          data, config, grad)
+
+
 @pytest.mark.gpu
 @needs_cuda_kernels
 @pytest.mark.parametrize("shape", [RELEASE, {"heads": 6, "kv_heads": 2, "head_dim": 96},
@@ -385,13 +397,7 @@ def test_wgmma_forward_equals_the_mma_sync_forward_bit_for_bit(shape, monkeypatc
     v = v.clone()
     v[250, 0, 3] = float("inf")  # sample 0, position 250: past the rows of every program that ends before it
     data = (q, k, v, do)
-    cuts = [[0, 37, 64, 200, n] if n > 200 else [0, n] for n in lengths]
-    _step([[(s, 0, n) for s, n in enumerate(lengths)]], lengths, shape, data, grad=False)
-    _step([[(s, c[i], c[i + 1]) for s, c in enumerate(cuts) if i + 1 < len(c)] for i in range(4)], lengths, shape,
-          data, grad=False)
-    _step([[(s, 0, n - 2 if n > 2 else n) for s, n in enumerate(lengths)]]
-          + [[(s, n - 2 + i, n - 1 + i) for s, n in enumerate(lengths) if n > 2] for i in range(2)], lengths, shape,
-          data, grad=False)
+    _packed_chunked_decode(lengths, shape, data, attn.DEFAULT_CONFIG, grad=False)
     torch.cuda.synchronize()
     assert sum(w for *_, w in seen) > 0  # wide programs ran on both paths
     for i, (o1, lse1, o2, lse2, _) in enumerate(seen):
@@ -430,13 +436,7 @@ def test_wgmma_dq_equals_the_mma_sync_dq_bit_for_bit(shape, fp32_grads, monkeypa
     v[250, 0, 5] = float("inf")
     data = (q, k, v, do)
     config = attn.AttnConfig(fp32_grads=fp32_grads)
-    cuts = [[0, 37, 64, 200, n] if n > 200 else [0, n] for n in lengths]
-    _step([[(s, 0, n) for s, n in enumerate(lengths)]], lengths, shape, data, config)
-    _step([[(s, c[i], c[i + 1]) for s, c in enumerate(cuts) if i + 1 < len(c)] for i in range(4)], lengths, shape,
-          data, config)
-    _step([[(s, 0, n - 2 if n > 2 else n) for s, n in enumerate(lengths)]]
-          + [[(s, n - 2 + i, n - 1 + i) for s, n in enumerate(lengths) if n > 2] for i in range(2)], lengths, shape,
-          data, config)
+    _packed_chunked_decode(lengths, shape, data, config, grad=True)
     torch.cuda.synchronize()
     assert sum(w for *_, w in seen) > 0  # wide programs ran on both paths
     for i, (dq1, delta1, dq2, delta2, _) in enumerate(seen):

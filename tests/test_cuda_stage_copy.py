@@ -18,7 +18,7 @@ from gradsweep.canonical import CanonicalFold
 from tests import test_canonical_plan_speed_equivalence as digests
 from tests.cuda_gpu import needs_cuda_kernels
 from tests.test_fold_plan_native import _state
-from tests.test_stage_copy_pieces import PLANNERS, _chunked_rows, _dw_main_grad
+from tests.test_stage_copy_pieces import PLANNERS, _chunked_rows, _dw_main_grad, use_planner
 
 
 def _torch_piece_copy(pieces: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, longest: int) -> None:
@@ -36,11 +36,7 @@ def _table_reads(step) -> list:
 @pytest.mark.parametrize("planner", PLANNERS)
 @pytest.mark.parametrize("replay", [False, True], ids=["planned", "replayed"])
 def test_take_with_pieces_stages_what_the_index_stages(planner, replay, monkeypatch):
-    if planner is None or canonical._native_plan is None:
-        monkeypatch.setattr(canonical, "_native_plan", None)
-    if not replay:
-        monkeypatch.setattr(canonical, "TRANSITION_SLOTS", 0)
-    canonical.clear_plan_caches()
+    use_planner(planner, replay, monkeypatch)
     rng = np.random.default_rng(17)
     pieces_calls = 0
     for trial in range(20):

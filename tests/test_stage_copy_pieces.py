@@ -33,14 +33,20 @@ def _reads(step, tensors) -> list:
     return out
 
 
-@pytest.mark.parametrize("planner", PLANNERS)
-@pytest.mark.parametrize("replay", [False, True], ids=["planned", "replayed"])
-def test_pieces_stage_what_the_index_stages(planner, replay, monkeypatch):
+def use_planner(planner, replay: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy planner where ``planner`` is None (or no compiled one is built), the transition cache off unless
+    ``replay``, every plan cache empty: the setting of one (planner, replay) case."""
     if planner is None or canonical._native_plan is None:
         monkeypatch.setattr(canonical, "_native_plan", None)
     if not replay:
         monkeypatch.setattr(canonical, "TRANSITION_SLOTS", 0)
     canonical.clear_plan_caches()
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
+@pytest.mark.parametrize("replay", [False, True], ids=["planned", "replayed"])
+def test_pieces_stage_what_the_index_stages(planner, replay, monkeypatch):
+    use_planner(planner, replay, monkeypatch)
     rng = np.random.default_rng(7)
     staged_calls = pieces_calls = 0
     for trial in range(20):
