@@ -5,7 +5,8 @@ profile (``b1_singleton``, 47-56 s) and ``decode`` (24-44 s) against ~2 s for ev
 given cells in one process, in the order given, as one sweep worker would (the harness's per-op caches, the
 baselines and reference runs, are shared across the cells exactly as in a worker), each under cProfile, with the
 harness's phases timed apart (``op_baselines``: the FP64 reference and stock runs; ``reference_run``: the
-candidate on the reference layout; ``judge``: the layout's calls, reruns and comparisons), and prints per cell
+candidate on the reference layout; ``judge``: the layout's calls, reruns and comparisons, and the two others, which
+it computes on first use), and prints per cell
 its wall time, the phases and the functions with the most cumulative and own time. ``--sync`` makes each phase's
 time device time too (a ``torch.cuda.synchronize()`` at its edges).
 

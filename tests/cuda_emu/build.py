@@ -187,6 +187,16 @@ def build(out: Path, plant: tuple[str, str, str] | None = None) -> Path:
     return lib
 
 
+def _copy_pieces(pieces, src, dst, n_pieces, longest, src_stride_bytes, row_bytes, device, stream) -> None:
+    """gradsweep._C.copy_pieces on host memory: piece (source row, staging row, length) moves that many rows of
+    row_bytes from src (src_stride_bytes apart) to the contiguous rows of dst."""
+    table = (ctypes.c_int32 * (3 * n_pieces)).from_address(pieces) if n_pieces else []
+    for p in range(n_pieces):
+        s0, d0, n = table[3 * p], table[3 * p + 1], table[3 * p + 2]
+        for r in range(n):
+            ctypes.memmove(dst + (d0 + r) * row_bytes, src + (s0 + r) * src_stride_bytes, row_bytes)
+
+
 def load(lib: Path) -> SimpleNamespace:
     """gradsweep._C's attention, RL and row-norm launchers (and sizes) backed by the emulated kernels of ``lib``."""
     so = ctypes.CDLL(str(lib))
@@ -235,6 +245,7 @@ def load(lib: Path) -> SimpleNamespace:
     ns.ATTN_NARROW_ROWS, ns.ATTN_FOLD_KEYS = so.emu_attn_rows(1, 0), so.emu_attn_fold_keys()
     ns.ATTN_FOLD_TILE, ns.ATTN_BLOCK_N = so.emu_attn_fold_tile(), so.emu_attn_block_n()
     ns.ATTN_MAX_HEAD_DIM, ns.RL_SEQ_THREADS = so.emu_attn_max_head_dim(), so.emu_rl_seq_threads()
+    ns.copy_pieces = _copy_pieces  # csrc/gather.cu is not emulated: its byte copy, by ctypes
     ns.library = so  # keeps the library loaded while the namespace lives
     return ns
 

@@ -220,6 +220,15 @@ def build_info() -> dict:
     return {"cudart": "fake", "arch_list": "none"}
 
 
+def copy_pieces(pieces, src, dst, n_pieces, longest, src_stride_bytes, row_bytes, device, stream):
+    """The fold's staging copy by pieces (csrc/gather.cu): piece (source row, staging row, length) copies that many
+    rows of src (src_stride_bytes apart) into the contiguous rows of dst."""
+    size = _t(src).element_size()
+    cols, ld = row_bytes // size, src_stride_bytes // size
+    for s0, d0, n in _t(pieces).reshape(-1, 3)[:n_pieces].tolist():
+        _rows(dst, d0 + n, cols, cols)[d0:].copy_(_rows(src, s0 + n, cols, ld)[s0:])
+
+
 FAKE = SimpleNamespace(**{k: v for k, v in dict(globals()).items()
                           if callable(v) and not k.startswith("_") and k not in ("SimpleNamespace", "install")},
                        LLP_VCHUNK=LLP_VCHUNK)
