@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gradsweep.canonical import RowIdentity
 from gradsweep.cuda_kernels import attention as attn
+from gradsweep.harness.compare import raw_bits
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # the release shape (Qwen3-8B)
 CASES = {"2x8192": [8192] * 2, "8x1024": [1024] * 8, "1x2048": [2048]}
@@ -82,12 +83,8 @@ def ab(launch, args: tuple, outputs: list[torch.Tensor]) -> tuple[bool, dict]:
         launch(*args, path)
         torch.cuda.synchronize()
         got[path] = [t.clone() for t in outputs]
-    equal = all(torch.equal(bits(a), bits(b)) for a, b in zip(got[1], got[2]))
+    equal = all(torch.equal(raw_bits(a), raw_bits(b)) for a, b in zip(got[1], got[2]))
     return equal, {p: device_us(lambda p=p: launch(*args, p)) for p in (1, 2)}
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
 def run_case(name: str, lengths: list[int]) -> dict:

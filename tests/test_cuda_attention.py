@@ -22,6 +22,7 @@ from gradsweep.canonical import RowIdentity
 from gradsweep.contract import Contract, load_contract
 from gradsweep.cuda_kernels import attention as attn
 from gradsweep.cuda_kernels import runtime
+from gradsweep.harness.compare import raw_bits
 from gradsweep.harness.kernel_check import candidate_from, check_kernel
 from gradsweep.manifest import DEFAULT_MANIFEST, load_manifest
 from gradsweep.ops.base import CallContext, CallOutput
@@ -202,12 +203,8 @@ def test_rewound_decode_step_repeats_its_bits_on_the_stand_in(stand_in) -> None:
 # ----------------------------------------------------------------------------------------------- GPU
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
-
-
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw_bits(a), raw_bits(b))
 
 
 @pytest.mark.gpu
@@ -356,6 +353,18 @@ def test_wgmma_fold_equals_the_mma_sync_fold_bit_for_bit(shape, fp32_grads, monk
         assert _same_bits(dv1, dv2), ("dV", load_acc)
 
 
+def _on_both_paths(launch, args: tuple, outputs: list[torch.Tensor]) -> tuple[list, list]:
+    """``launch(*args, path)`` for path 1 (mma.sync), then path 2 (wgmma; raises where it does not apply), each
+    from the same state of ``outputs``; the outputs each left. The second path's stay in place for the step."""
+    before = [t.clone() for t in outputs]
+    launch(*args, 1)
+    first = [t.clone() for t in outputs]
+    for t, b in zip(outputs, before):
+        t.copy_(b)
+    launch(*args, 2)
+    return first, [t.clone() for t in outputs]
+
+
 def _packed_chunked_decode(lengths, shape, data, config, grad: bool) -> None:
     """Three steps over the same samples: one packed call; calls cut at 37, 64 and 200 (programs that start
     mid-block); a prefill of all but the last two tokens, then two decode calls of one token per sample."""
@@ -383,13 +392,7 @@ def test_wgmma_forward_equals_the_mma_sync_forward_bit_for_bit(shape, monkeypatc
     seen: list[tuple[torch.Tensor, ...]] = []
 
     def both_paths(q, o, plan, cache, path=0) -> None:
-        o0, lse0 = o.clone(), cache.lse.clone()
-        real_launch(q, o, plan, cache, 1)  # mma.sync
-        o1, lse1 = o.clone(), cache.lse.clone()
-        o.copy_(o0)
-        cache.lse.copy_(lse0)
-        real_launch(q, o, plan, cache, 2)  # wgmma (raises where it does not apply)
-        seen.append((o1, lse1, o.clone(), cache.lse.clone(), plan.fwd.wide.shape[0]))
+        seen.append((*_on_both_paths(real_launch, (q, o, plan, cache), [o, cache.lse]), plan.fwd.wide.shape[0]))
 
     monkeypatch.setattr(attn, "_launch_fwd", both_paths)
     lengths = [300, 70, 129, 1, 64]
@@ -400,7 +403,7 @@ def test_wgmma_forward_equals_the_mma_sync_forward_bit_for_bit(shape, monkeypatc
     _packed_chunked_decode(lengths, shape, data, attn.DEFAULT_CONFIG, grad=False)
     torch.cuda.synchronize()
     assert sum(w for *_, w in seen) > 0  # wide programs ran on both paths
-    for i, (o1, lse1, o2, lse2, _) in enumerate(seen):
+    for i, ((o1, lse1), (o2, lse2), _) in enumerate(seen):
         assert _same_bits(o1, o2), ("o", i)
         assert _same_bits(lse1, lse2), ("lse", i)
 
@@ -420,13 +423,8 @@ def test_wgmma_dq_equals_the_mma_sync_dq_bit_for_bit(shape, fp32_grads, monkeypa
     seen: list[tuple[torch.Tensor, ...]] = []
 
     def both_paths(q, o, do, dq, plan, cache, path=0) -> None:
-        dq0, delta0 = dq.clone(), cache.delta.clone()
-        real_launch(q, o, do, dq, plan, cache, 1)  # mma.sync
-        dq1, delta1 = dq.clone(), cache.delta.clone()
-        dq.copy_(dq0)
-        cache.delta.copy_(delta0)
-        real_launch(q, o, do, dq, plan, cache, 2)  # wgmma (raises where it does not apply)
-        seen.append((dq1, delta1, dq.clone(), cache.delta.clone(), plan.dq.wide.shape[0]))
+        seen.append((*_on_both_paths(real_launch, (q, o, do, dq, plan, cache), [dq, cache.delta]),
+                     plan.dq.wide.shape[0]))
 
     monkeypatch.setattr(attn, "_launch_dq", both_paths)
     lengths = [300, 70, 129, 1, 64]
@@ -439,7 +437,7 @@ def test_wgmma_dq_equals_the_mma_sync_dq_bit_for_bit(shape, fp32_grads, monkeypa
     _packed_chunked_decode(lengths, shape, data, config, grad=True)
     torch.cuda.synchronize()
     assert sum(w for *_, w in seen) > 0  # wide programs ran on both paths
-    for i, (dq1, delta1, dq2, delta2, _) in enumerate(seen):
+    for i, ((dq1, delta1), (dq2, delta2), _) in enumerate(seen):
         assert _same_bits(dq1, dq2), ("dq", i)
         assert _same_bits(delta1, delta2), ("delta", i)
 
