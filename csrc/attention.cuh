@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "gradsweep.h"
 #include "mma_gemm.cuh"
 
 namespace gs {
@@ -159,6 +160,100 @@ struct Program {
   __device__ __forceinline__ int64_t pmax() const { return pos0 + cnt - 1; }
   __device__ __forceinline__ int64_t kv_tok() const { return tok0 - pos0; }  // token of the sample's start
 };
+
+// What the forward and dQ calls both hand their programs: Q, K, V, the program table, the shapes.
+struct RowParams {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  const int32_t* progs;
+  int pack, n_hb, G;
+  int64_t HQ, HKV, D, T;
+  float qk_scale;
+  bool vec_q, vec_kv;
+};
+
+// Key n of a sample whose first token is kv_tok, in K or V ([T, HKV, D], kv head hk); nullptr past pmax, the
+// program's last row: a cache slot past it may be unwritten, so it is never read (a zero row is loaded instead).
+__device__ __forceinline__ const bf16* key_row(const bf16* base, int n, int pmax, int64_t kv_tok, int64_t HKV,
+                                               int64_t hk, int64_t D) {
+  return n <= pmax ? base + ((kv_tok + n) * HKV + hk) * D : nullptr;
+}
+
+// The store of a forward or dQ program's rows: for each of this lane's rows (wrow + 16 i + l / 4 + 8 h) that holds
+// a token, value(i, j, h, e), the FP32 value of column 8 j + 2 (l % 4) + e, goes as bf16 into the row's slot of
+// `out` ([T, HQ, D]; in bf16 pairs where `pair`), and side(i, h) into side_out[hq * T + token] by the quad's first
+// lane (the forward's lse, dQ's delta). One loop for both kernels of both ops: the stores are the same instructions.
+template <int ND, int MI, class Value, class Side>
+__device__ __forceinline__ void store_rows(const RowParams& p, const Program& pr, int hb, int wrow,
+                                           const int (&pos)[MI][2], bf16* out, bool pair, float* side_out,
+                                           Value value, Side side) {
+  const int gq = lane_id() >> 2, tq = lane_id() & 3;
+  const int pack = p.pack;
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (pos[i][h] < 0) continue;
+      const int r = wrow + 16 * i + gq + 8 * h;
+      const int t = r / pack;
+      const int64_t hq = static_cast<int64_t>(hb) * pack + (r - t * pack);
+      bf16* orow = out + ((pr.row0 + t) * p.HQ + hq) * p.D;
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        const int col = 8 * j + 2 * tq;
+        if (col >= p.D) continue;
+        const float v0 = value(i, j, h, 0);
+        const float v1 = value(i, j, h, 1);
+        if (pair && col + 1 < p.D) {
+          *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(v0, v1);
+        } else {
+          orow[col] = __float2bfloat16_rn(v0);
+          if (col + 1 < p.D) orow[col + 1] = __float2bfloat16_rn(v1);
+        }
+      }
+      if (tq == 0) side_out[hq * p.T + pr.tok0 + t] = side(i, h);
+    }
+}
+
+// The fields of RowParams from a call's arguments (the 16-byte vector loads where every row allows them).
+inline void set_row_params(RowParams& p, uintptr_t q, uintptr_t k, uintptr_t v, int64_t pack, int64_t HQ,
+                           int64_t HKV, int64_t D, int64_t T, float qk_scale) {
+  p.q = reinterpret_cast<const bf16*>(q);
+  p.k = reinterpret_cast<const bf16*>(k);
+  p.v = reinterpret_cast<const bf16*>(v);
+  p.pack = static_cast<int>(pack);
+  p.n_hb = static_cast<int>(HQ / pack);
+  p.G = static_cast<int>(HQ / HKV);
+  p.HQ = HQ;
+  p.HKV = HKV;
+  p.D = D;
+  p.T = T;
+  p.qk_scale = qk_scale;
+  p.vec_q = aligned16(p.q) && D % 8 == 0;
+  p.vec_kv = aligned16(p.k) && aligned16(p.v) && D % 8 == 0;
+}
+
+// Whether a call's wide programs run on wgmma: Hopper, head_dim 65 .. 128, unless `path` forces mma.sync (the same
+// bits either way: a speed choice, never a layout's). Sets `sm90`; cudaErrorNotSupported where `path` asks for
+// wgmma and it does not apply.
+inline cudaError_t wide_on_sm90(int64_t D, int path, int device, bool& sm90) {
+#ifndef GS_NO_SM90_GEMM
+  sm90 = D > 64 && path != kGemmPortable && hopper_gemm(device);
+#else
+  sm90 = false;
+#endif
+  return path == kGemmSm90 && !sm90 ? cudaErrorNotSupported : cudaSuccess;
+}
+
+// launch(std::integral_constant<int, DP>{}, wgmma) for D's head-dim tier (32, 64, 128), the wide programs on wgmma
+// where `sm90` and the tier is 128 (Hopper, head_dim 65 .. 128).
+template <class Launch>
+int by_head_dim(int64_t D, bool sm90, Launch launch) {
+  if (D <= 32) return launch(std::integral_constant<int, 32>{}, false);
+  if (D <= 64) return launch(std::integral_constant<int, 64>{}, false);
+  return launch(std::integral_constant<int, 128>{}, sm90);
+}
 
 // The key-block loop of the forward and dQ programs: blocks 0 .. nb-1 of two operands through shared memory, the
 // one each block uses first (forward: K for the scores; dQ: V for dP = dO V^T) and the one it uses second.

@@ -189,15 +189,14 @@ int attn_dkdv(uintptr_t k, uintptr_t v, uintptr_t q, uintptr_t dout, uintptr_t l
   p.vec_q = aligned16(p.q) && aligned16(p.dout) && D % 8 == 0;
   p.pair_acc = D % 2 == 0 && (dk & 7u) == 0 && (dv & 7u) == 0;
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  // Hopper, head_dim 65 .. 128: the wgmma fold (the same bits: a speed choice, never a layout-dependent one).
+  bool sm90 = false;  // the wgmma fold: the same bits, a speed choice
+  GS_TRY(attn::wide_on_sm90(D, path, device, sm90));
+  return attn::by_head_dim(D, sm90, [&](auto dp, bool wgmma) {
 #ifndef GS_NO_SM90_GEMM
-  const bool sm90 = D > 64 && path != kGemmPortable && hopper_gemm(device);
-  if (sm90) return attn::launch_dkdv_sm90(p, n_work, fp32_grads, s);
+    if (wgmma) return attn::launch_dkdv_sm90(p, n_work, fp32_grads, s);
 #endif
-  if (path == kGemmSm90) return static_cast<int>(cudaErrorNotSupported);
-  if (D <= 32) return attn::launch_dkdv_dp<32>(p, n_work, fp32_grads, s);
-  if (D <= 64) return attn::launch_dkdv_dp<64>(p, n_work, fp32_grads, s);
-  return attn::launch_dkdv_dp<128>(p, n_work, fp32_grads, s);
+    return attn::launch_dkdv_dp<decltype(dp)::value>(p, n_work, fp32_grads, s);
+  });
 }
 
 }  // namespace gs

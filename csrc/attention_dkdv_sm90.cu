@@ -39,7 +39,6 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 using sm90::fence_regs;
-using sm90::kBox;
 using sm90::kDP;
 using sm90::kmajor;
 using sm90::mnmajor;
@@ -82,24 +81,12 @@ __device__ __forceinline__ void fold_product(const uint32_t (&hi)[kNT / 2][4], c
   cute::warpgroup_commit_batch();
 }
 
-// The Q / dO tile of head hq from token tok by TMA (whole tiles only: a sample's last, short tile would read the
-// next sample's rows; it goes through cp.async with zero rows). Two 64-column boxes per tensor, swizzled on landing
-// exactly as load_sw128 places the bytes. Called by one thread, after it announced the bytes on the barrier.
-__device__ __forceinline__ void tma_tile(const CUtensorMap* map, uint64_t* full, unsigned char* tile, int64_t hq,
-                                         int64_t tok) {
-#pragma unroll
-  for (int h = 0; h < kDP / kBox; ++h)
-    cute::SM90_TMA_LOAD_3D::copy(map, full, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                 tile + h * kTile * 128, h * kBox, static_cast<int32_t>(hq),
-                                 static_cast<int32_t>(tok));
-}
-
 template <bool FP32_GRADS>
 __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p, bool tma,
                                                                  const __grid_constant__ CUtensorMap tma_q,
                                                                  const __grid_constant__ CUtensorMap tma_do) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* sK = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* sK = sm90::align1024(smem_raw);
   unsigned char* sV = sK + kKvBytes;
   unsigned char* sQ = sV + kKvBytes;            // [kStages] tiles
   unsigned char* sO = sQ + kStages * kQBytes;   // dO, [kStages] tiles
@@ -129,8 +116,8 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(KvParams p, bool
     if (tma && t0 + kTile <= f.L) {
       if (threadIdx.x == 0) {
         FullBarrier::arrive_and_expect_tx(full + stage, 2 * kQBytes);
-        tma_tile(&tma_q, full + stage, sQ + stage * kQBytes, hq, f.tok_base + t0);
-        tma_tile(&tma_do, full + stage, sO + stage * kQBytes, hq, f.tok_base + t0);
+        sm90::tma_rows<kTile>(&tma_q, full + stage, sQ + stage * kQBytes, hq, f.tok_base + t0);
+        sm90::tma_rows<kTile>(&tma_do, full + stage, sO + stage * kQBytes, hq, f.tok_base + t0);
       }
     } else {
       sm90::load_sw128<kTile, kThreads>(sQ + stage * kQBytes,

@@ -12,20 +12,15 @@
 namespace gs {
 namespace attn {
 
-struct DqParams {
-  const bf16* q;
-  const bf16* k;
-  const bf16* v;
+// A dQ call: RowParams, then O, dO, the output, the forward's lse and delta (read, or written where `exact`).
+struct DqParams : RowParams {
   const bf16* o;
   const bf16* dout;
   bf16* dq;
   const float* lse;
   float* delta;
-  const int32_t* progs;
-  int pack, n_hb, G;
-  int64_t HQ, HKV, D, T;
-  float qk_scale, sm_scale;
-  bool exact, vec_q, vec_kv, vec_o, pair_dq;
+  float sm_scale;
+  bool exact, vec_o, pair_dq;
 };
 
 // sum_d o[d] * do[d] in d order (16-byte and element loads read the same values in the same order).
@@ -131,32 +126,10 @@ template <int ND, int MI>
 __device__ __forceinline__ void dq_store(const DqParams& p, const Program& pr, int hb, int wrow,
                                          const int (&pos)[MI][2], const float (&dq)[MI][ND][4],
                                          const float (&dsum)[MI][2], const float (&del)[MI][2]) {
-  const int gq = lane_id() >> 2, tq = lane_id() & 3;
-  const int pack = p.pack;
-#pragma unroll
-  for (int i = 0; i < MI; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (pos[i][h] < 0) continue;
-      const int r = wrow + 16 * i + gq + 8 * h;
-      const int t = r / pack;
-      const int64_t hq = static_cast<int64_t>(hb) * pack + (r - t * pack);
-      bf16* out = p.dq + ((pr.row0 + t) * p.HQ + hq) * p.D;
-#pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        const int col = 8 * j + 2 * tq;
-        if (col >= p.D) continue;
-        const float v0 = plus_zero(__fmul_rn(dq[i][j][2 * h], p.sm_scale));
-        const float v1 = plus_zero(__fmul_rn(dq[i][j][2 * h + 1], p.sm_scale));
-        if (p.pair_dq && col + 1 < p.D) {
-          *reinterpret_cast<__nv_bfloat162*>(out + col) = __floats2bfloat162_rn(v0, v1);
-        } else {
-          out[col] = __float2bfloat16_rn(v0);
-          if (col + 1 < p.D) out[col + 1] = __float2bfloat16_rn(v1);
-        }
-      }
-      if (tq == 0) p.delta[hq * p.T + pr.tok0 + t] = p.exact ? plus_zero(dsum[i][h]) : del[i][h];
-    }
+  store_rows<ND, MI>(
+      p, pr, hb, wrow, pos, p.dq, p.pair_dq, p.delta,
+      [&](int i, int j, int h, int e) { return plus_zero(__fmul_rn(dq[i][j][2 * h + e], p.sm_scale)); },
+      [&](int i, int h) { return p.exact ? plus_zero(dsum[i][h]) : del[i][h]; });
 }
 
 #ifndef GS_NO_SM90_GEMM

@@ -25,9 +25,6 @@
 
 #include "attention_dq.cuh"
 #include "attention_sm90.cuh"
-#include "cute/arch/copy_sm90_desc.hpp"
-#include "cute/arch/copy_sm90_tma.hpp"
-#include "cutlass/arch/barrier.h"
 
 namespace gs {
 namespace attn {
@@ -44,11 +41,10 @@ constexpr int kBN = kBlockN;                  // 64 keys a block
 constexpr int kThreads = kWideWarps * 32;     // one warpgroup
 constexpr int kStages = 2;
 constexpr int kNJ = kBN / 8, kND = kDP / 8, kKS = kDP / 16;
-constexpr int kTileBytes = kBM * kDP * 2, kKvBytes = kBN * kDP * 2;
-// + alignment slack; Q, dO, the K stages, the V stages, lse and delta_o, one "full" barrier a stage: 98 KB, two
-// programs an SM
-constexpr int kSmem = 1024 + 2 * kTileBytes + 2 * kStages * kKvBytes + 2 * kBM * 4 + kStages * 8;
-using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+constexpr int kTileBytes = kBM * kDP * 2;
+using Blocks = sm90::KeyBlocks<kBN, kStages, kThreads>;
+// + alignment slack; Q, dO, the key blocks' stages and barriers, lse and delta_o: 98 KB, two programs an SM
+constexpr int kSmem = 1024 + 2 * kTileBytes + Blocks::kSmem + 2 * kBM * 4;
 static_assert(kWideWarps == 4 && kDqMI == 1 && kBN == 64 && kDP == 128, "the wgmma shapes below assume these");
 
 template <size_t... I>
@@ -121,38 +117,15 @@ __device__ __forceinline__ void block_step(const unsigned char* q_s, const unsig
   }
 }
 
-// The K or V block of kv head hk from token tok by TMA (whole blocks of written keys only). Two 64-column boxes,
-// swizzled on landing exactly as load_sw128 places the bytes. One thread, after it announced the bytes.
-__device__ __forceinline__ void tma_block(const CUtensorMap* map, uint64_t* full, unsigned char* tile, int64_t hk,
-                                          int64_t tok) {
-#pragma unroll
-  for (int h = 0; h < kDP / sm90::kBox; ++h)
-    cute::SM90_TMA_LOAD_3D::copy(map, full, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                 tile + h * kBN * 128, h * sm90::kBox, static_cast<int32_t>(hk),
-                                 static_cast<int32_t>(tok));
-}
-
 __global__ void __launch_bounds__(kThreads, 2) dq_sm90_kernel(DqParams p, bool tma,
                                                               const __grid_constant__ CUtensorMap tma_k,
                                                               const __grid_constant__ CUtensorMap tma_v) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* sQ = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                       ~uintptr_t{1023});
-  unsigned char* sO = sQ + kTileBytes;          // dO
-  unsigned char* sK = sO + kTileBytes;          // [kStages] blocks
-  unsigned char* sV = sK + kStages * kKvBytes;  // [kStages] blocks
-  float* sLse = reinterpret_cast<float*>(sV + kStages * kKvBytes);
+  unsigned char* sQ = sm90::align1024(smem_raw);
+  unsigned char* sO = sQ + kTileBytes;      // dO
+  unsigned char* blocks = sO + kTileBytes;  // the key blocks' stages (1024-byte-aligned tiles), their barriers
+  float* sLse = reinterpret_cast<float*>(blocks + Blocks::kSmem);
   float* sDel = sLse + kBM;
-  uint64_t* full = reinterpret_cast<uint64_t*>(sDel + kBM);
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < kStages; ++st) FullBarrier::init(full + st, 1);
-    cutlass::arch::fence_barrier_init();
-    if (tma) {
-      cute::prefetch_tma_descriptor(&tma_k);
-      cute::prefetch_tma_descriptor(&tma_v);
-    }
-  }
-  __syncthreads();
 
   const int64_t pid = blockIdx.x / p.n_hb;
   const int hb = static_cast<int>(blockIdx.x - pid * p.n_hb);
@@ -170,32 +143,15 @@ __global__ void __launch_bounds__(kThreads, 2) dq_sm90_kernel(DqParams p, bool t
     const int64_t off = dq_row_offset(p, pr, hb, r);
     return off >= 0 ? p.dout + off : nullptr;
   }, p.D, p.vec_o);
-  auto load_block = [&](int stage, int b) {
-    const int n0 = b * kBN;
-    if (tma && n0 + kBN - 1 <= pmax) {  // a whole block of written keys
-      if (threadIdx.x == 0) {
-        FullBarrier::arrive_and_expect_tx(full + stage, 2 * kKvBytes);
-        tma_block(&tma_k, full + stage, sK + stage * kKvBytes, hk, kv_tok + n0);
-        tma_block(&tma_v, full + stage, sV + stage * kKvBytes, hk, kv_tok + n0);
-      }
-      return;
-    }
-    auto key_row = [&](const bf16* base) {
-      return [=](int r) -> const bf16* {
-        const int n = n0 + r;  // keys past the program's last row may be unwritten: never loaded
-        return n <= pmax ? base + ((kv_tok + n) * p.HKV + hk) * p.D : nullptr;
-      };
-    };
-    sm90::load_sw128<kBN, kThreads>(sK + stage * kKvBytes, key_row(p.k), p.D, p.vec_kv);
-    sm90::load_sw128<kBN, kThreads>(sV + stage * kKvBytes, key_row(p.v), p.D, p.vec_kv);
-    if (threadIdx.x == 0) FullBarrier::arrive(full + stage);  // the phase completes; cp.async is waited below
-  };
+  const Blocks kb{blocks, &tma_k, &tma_v, tma, p.k, p.v, kv_tok, hk, p.HKV, p.D, pmax, p.vec_kv};
+  if (threadIdx.x == 0) kb.init();
+  __syncthreads();  // the stages' barriers initialised
 
   const int nb = pmax / kBN + 1;                                 // blocks [0, nb) hold every key some row sees
   const int nb_full = (static_cast<int>(pr.pos0) + 1) / kBN;  // blocks [0, nb_full) are seen whole by all rows
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {  // Q and dO join block 0's group
-    if (st < nb) load_block(st, st);
+    if (st < nb) kb.load(st, st);
     mma::cp_async_commit();
   }
   dq_row_stats<kBM, kThreads>(p, pr, hb, sLse, sDel);
@@ -207,15 +163,13 @@ __global__ void __launch_bounds__(kThreads, 2) dq_sm90_kernel(DqParams p, bool t
   dq_row_state<kND, 1>(pr, pack, wrow, sLse, sDel, pos, lse, del, dsum, dq);
 
   for (int b = 0; b < nb; ++b) {
-    mma::cp_async_wait<kStages - 2>();
-    cutlass::arch::fence_view_async_shared();  // this thread's cp.async writes, visible to wgmma's async proxy
-    FullBarrier::wait(full + b % kStages, static_cast<uint32_t>((b / kStages) & 1));  // its TMA bytes, if any
+    kb.wait(b);
     __syncthreads();  // block b is in shared memory; every warp is done with block b - 1 (its stage is free)
-    if (b + kStages - 1 < nb) load_block((b + kStages - 1) % kStages, b + kStages - 1);
+    if (b + kStages - 1 < nb) kb.load((b + kStages - 1) % kStages, b + kStages - 1);
     mma::cp_async_commit();
     const int st = b % kStages;
-    const unsigned char* k_s = sK + st * kKvBytes;
-    const unsigned char* v_s = sV + st * kKvBytes;
+    const unsigned char* k_s = kb.k_stage(st);
+    const unsigned char* v_s = kb.v_stage(st);
     if (b < nb_full) {
       block_step<false>(sQ, sO, k_s, v_s, b * kBN, pos, lse, del, dsum, dq, p.qk_scale, p.exact);
     } else {
@@ -233,8 +187,7 @@ int launch_dq_sm90(const DqParams& p, int64_t n_progs, cudaStream_t stream) {
   if (grid > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
   GS_TRY(dynamic_smem_once<dq_sm90_kernel>(kSmem));
   CUtensorMap tma_k{}, tma_v{};
-  const bool tma = sm90::encode_store(&tma_k, p.k, p.T, p.HKV, p.D, kBN) &&  // the K / V stores: [T, HKV, D]
-                   sm90::encode_store(&tma_v, p.v, p.T, p.HKV, p.D, kBN);
+  const bool tma = sm90::encode_kv(&tma_k, &tma_v, p.k, p.v, p.T, p.HKV, p.D, kBN);  // the stores: [T, HKV, D]
   dq_sm90_kernel<<<static_cast<unsigned>(grid), kThreads, kSmem, stream>>>(p, tma, tma_k, tma_v);
   return static_cast<int>(cudaGetLastError());
 }

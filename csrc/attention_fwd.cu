@@ -127,8 +127,7 @@ __global__ void __launch_bounds__(FwdCfg<DP, WARPS, MI, CW, SPLIT>::THREADS,
   }, p.D, p.vec_q);
   auto load_keys = [&](bf16* dst, const bf16* base, int n0) {
     load_tile<C::BN, DP, C::THREADS>(dst, [=](int r) -> const bf16* {
-      const int n = n0 + r;  // keys past the program's last row may be unwritten: never loaded
-      return n <= pmax ? base + ((kv_tok + n) * p.HKV + hk) * p.D : nullptr;
+      return key_row(base, n0 + r, pmax, kv_tok, p.HKV, hk, p.D);
     }, p.D, p.vec_kv);
   };
 
@@ -252,35 +251,17 @@ int attn_fwd(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, 
   DeviceGuard guard(device);
   GS_TRY(guard.status());
   attn::FwdParams p{};
-  p.q = reinterpret_cast<const bf16*>(q);
-  p.k = reinterpret_cast<const bf16*>(k);
-  p.v = reinterpret_cast<const bf16*>(v);
+  attn::set_row_params(p, q, k, v, pack, HQ, HKV, D, T, qk_scale);
   p.o = reinterpret_cast<bf16*>(o);
   p.lse = reinterpret_cast<float*>(lse);
-  p.pack = static_cast<int>(pack);
-  p.n_hb = static_cast<int>(HQ / pack);
-  p.G = static_cast<int>(HQ / HKV);
-  p.HQ = HQ;
-  p.HKV = HKV;
-  p.D = D;
-  p.T = T;
-  p.qk_scale = qk_scale;
-  p.vec_q = aligned16(p.q) && D % 8 == 0;
-  p.vec_kv = aligned16(p.k) && aligned16(p.v) && D % 8 == 0;
   p.pair_o = D % 2 == 0 && (o & 3u) == 0;
-  const auto* w = reinterpret_cast<const int32_t*>(wide);
-  const auto* nw = reinterpret_cast<const int32_t*>(narrow);
-  const auto s = reinterpret_cast<cudaStream_t>(stream);
-  // Hopper, head_dim 65 .. 128: the wide programs on wgmma (the same bits: a speed choice, never a layout's).
-#ifndef GS_NO_SM90_GEMM
-  const bool sm90 = D > 64 && path != kGemmPortable && hopper_gemm(device);
-#else
-  const bool sm90 = false;
-#endif
-  if (path == kGemmSm90 && !sm90) return static_cast<int>(cudaErrorNotSupported);
-  if (D <= 32) return attn::launch_fwd_both<32>(p, w, n_wide, nw, n_narrow, false, s);
-  if (D <= 64) return attn::launch_fwd_both<64>(p, w, n_wide, nw, n_narrow, false, s);
-  return attn::launch_fwd_both<128>(p, w, n_wide, nw, n_narrow, sm90, s);
+  bool sm90 = false;
+  GS_TRY(attn::wide_on_sm90(D, path, device, sm90));
+  return attn::by_head_dim(D, sm90, [&](auto dp, bool wgmma) {
+    return attn::launch_fwd_both<decltype(dp)::value>(p, reinterpret_cast<const int32_t*>(wide), n_wide,
+                                                      reinterpret_cast<const int32_t*>(narrow), n_narrow, wgmma,
+                                                      reinterpret_cast<cudaStream_t>(stream));
+  });
 }
 
 int attn_scatter(uintptr_t src_a, uintptr_t dst_a, uintptr_t src_b, uintptr_t dst_b, uintptr_t rows,

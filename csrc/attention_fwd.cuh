@@ -13,17 +13,11 @@
 namespace gs {
 namespace attn {
 
-struct FwdParams {
-  const bf16* q;
-  const bf16* k;
-  const bf16* v;
+// A forward call: RowParams, then the output and its row log-sum-exp (base 2).
+struct FwdParams : RowParams {
   bf16* o;
   float* lse;
-  const int32_t* progs;
-  int pack, n_hb, G;
-  int64_t HQ, HKV, D, T;
-  float qk_scale;
-  bool vec_q, vec_kv, pair_o;
+  bool pair_o;
 };
 
 // The positions of this lane's rows (wrow + 16 i + l / 4 + 8 h of the program), -1 for a slot past its tokens or
@@ -92,32 +86,10 @@ template <int ND, int MI>
 __device__ __forceinline__ void fwd_store(const FwdParams& p, const Program& pr, int hb, int wrow,
                                           const int (&pos)[MI][2], const float (&acc)[MI][ND][4],
                                           const float (&m)[MI][2], const float (&l)[MI][2]) {
-  const int gq = lane_id() >> 2, tq = lane_id() & 3;
-  const int pack = p.pack;
-#pragma unroll
-  for (int i = 0; i < MI; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (pos[i][h] < 0) continue;
-      const int r = wrow + 16 * i + gq + 8 * h;
-      const int t = r / pack;
-      const int64_t hq = static_cast<int64_t>(hb) * pack + (r - t * pack);
-      bf16* orow = p.o + ((pr.row0 + t) * p.HQ + hq) * p.D;
-#pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        const int col = 8 * j + 2 * tq;
-        if (col >= p.D) continue;
-        const float v0 = plus_zero(__fdiv_rn(acc[i][j][2 * h], l[i][h]));
-        const float v1 = plus_zero(__fdiv_rn(acc[i][j][2 * h + 1], l[i][h]));
-        if (p.pair_o && col + 1 < p.D) {
-          *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(v0, v1);
-        } else {
-          orow[col] = __float2bfloat16_rn(v0);
-          if (col + 1 < p.D) orow[col + 1] = __float2bfloat16_rn(v1);
-        }
-      }
-      if (tq == 0) p.lse[hq * p.T + pr.tok0 + t] = __fadd_rn(m[i][h], log2f(l[i][h]));
-    }
+  store_rows<ND, MI>(
+      p, pr, hb, wrow, pos, p.o, p.pair_o, p.lse,
+      [&](int i, int j, int h, int e) { return plus_zero(__fdiv_rn(acc[i][j][2 * h + e], l[i][h])); },
+      [&](int i, int h) { return __fadd_rn(m[i][h], log2f(l[i][h])); });
 }
 
 #ifndef GS_NO_SM90_GEMM

@@ -28,9 +28,6 @@
 
 #include "attention_fwd.cuh"
 #include "attention_sm90.cuh"
-#include "cute/arch/copy_sm90_desc.hpp"
-#include "cute/arch/copy_sm90_tma.hpp"
-#include "cutlass/arch/barrier.h"
 
 namespace gs {
 namespace attn {
@@ -47,10 +44,9 @@ constexpr int kBN = kBlockN;                  // 64 keys a block
 constexpr int kThreads = kFwdWarps * 32;      // two warpgroups
 constexpr int kStages = 3;
 constexpr int kNJ = kBN / 8, kND = kDP / 8, kKS = kDP / 16;
-constexpr int kQBytes = kBM * kDP * 2, kKvBytes = kBN * kDP * 2;
-// + alignment slack; Q, the K stages, the V stages, one "full" barrier a stage
-constexpr int kSmem = 1024 + kQBytes + 2 * kStages * kKvBytes + kStages * 8;
-using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+constexpr int kQBytes = kBM * kDP * 2;
+using Blocks = sm90::KeyBlocks<kBN, kStages, kThreads>;
+constexpr int kSmem = 1024 + kQBytes + Blocks::kSmem;  // + alignment slack; Q, then the key blocks' stages
 static_assert(kFwdWarps == 8 && kFwdMI == 1 && kBN == 64 && kDP == 128, "the wgmma shapes below assume these");
 
 template <size_t... I>
@@ -116,37 +112,11 @@ __device__ __forceinline__ void block_step(const unsigned char* q_wg, const unsi
   }
 }
 
-// The K or V block of kv head hk from token tok by TMA (whole blocks only: the block holding the program's last row
-// may reach unwritten slots; it goes through cp.async with zero rows). Two 64-column boxes, swizzled on landing
-// exactly as load_sw128 places the bytes. Called by one thread, after it announced the bytes on the barrier.
-__device__ __forceinline__ void tma_block(const CUtensorMap* map, uint64_t* full, unsigned char* tile, int64_t hk,
-                                          int64_t tok) {
-#pragma unroll
-  for (int h = 0; h < kDP / sm90::kBox; ++h)
-    cute::SM90_TMA_LOAD_3D::copy(map, full, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                 tile + h * kBN * 128, h * sm90::kBox, static_cast<int32_t>(hk),
-                                 static_cast<int32_t>(tok));
-}
-
 __global__ void __launch_bounds__(kThreads, 1) fwd_sm90_kernel(FwdParams p, bool tma,
                                                                const __grid_constant__ CUtensorMap tma_k,
                                                                const __grid_constant__ CUtensorMap tma_v) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* sQ = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                       ~uintptr_t{1023});
-  unsigned char* sK = sQ + kQBytes;             // [kStages] blocks
-  unsigned char* sV = sK + kStages * kKvBytes;  // [kStages] blocks
-  uint64_t* full = reinterpret_cast<uint64_t*>(sV + kStages * kKvBytes);
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < kStages; ++st) FullBarrier::init(full + st, 1);
-    cutlass::arch::fence_barrier_init();
-    if (tma) {
-      cute::prefetch_tma_descriptor(&tma_k);
-      cute::prefetch_tma_descriptor(&tma_v);
-    }
-  }
-  __syncthreads();
-
+  unsigned char* sQ = sm90::align1024(smem_raw);
   const int64_t pid = blockIdx.x / p.n_hb;
   const int hb = static_cast<int>(blockIdx.x - pid * p.n_hb);
   const Program pr(p.progs, pid);
@@ -159,26 +129,8 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_sm90_kernel(FwdParams p, bool
     const int t = r / pack;
     return t < pr.cnt ? p.q + ((pr.row0 + t) * p.HQ + hb * pack + (r - t * pack)) * p.D : nullptr;
   }, p.D, p.vec_q);
-  auto load_block = [&](int stage, int b) {
-    const int n0 = b * kBN;
-    if (tma && n0 + kBN - 1 <= pmax) {  // a whole block of written keys
-      if (threadIdx.x == 0) {
-        FullBarrier::arrive_and_expect_tx(full + stage, 2 * kKvBytes);
-        tma_block(&tma_k, full + stage, sK + stage * kKvBytes, hk, kv_tok + n0);
-        tma_block(&tma_v, full + stage, sV + stage * kKvBytes, hk, kv_tok + n0);
-      }
-      return;
-    }
-    auto key_row = [&](const bf16* base) {
-      return [=](int r) -> const bf16* {
-        const int n = n0 + r;  // keys past the program's last row may be unwritten: never loaded
-        return n <= pmax ? base + ((kv_tok + n) * p.HKV + hk) * p.D : nullptr;
-      };
-    };
-    sm90::load_sw128<kBN, kThreads>(sK + stage * kKvBytes, key_row(p.k), p.D, p.vec_kv);
-    sm90::load_sw128<kBN, kThreads>(sV + stage * kKvBytes, key_row(p.v), p.D, p.vec_kv);
-    if (threadIdx.x == 0) FullBarrier::arrive(full + stage);  // the phase completes; cp.async is waited below
-  };
+  const Blocks kb{sQ + kQBytes, &tma_k, &tma_v, tma, p.k, p.v, kv_tok, hk, p.HKV, p.D, pmax, p.vec_kv};
+  if (threadIdx.x == 0) kb.init();
 
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int wrow = warp * 16;                                // fwd_kernel's rows of this warp
@@ -193,23 +145,22 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_sm90_kernel(FwdParams p, bool
 
   const int nb = pmax / kBN + 1;                                 // blocks [0, nb) hold every key some row sees
   const int nb_full = (static_cast<int>(pr.pos0) + 1) / kBN;  // blocks [0, nb_full) are seen whole by all rows
+  __syncthreads();  // the stages' barriers initialised
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {  // Q joins block 0's group
-    if (st < nb) load_block(st, st);
+    if (st < nb) kb.load(st, st);
     mma::cp_async_commit();
   }
   for (int b = 0; b < nb; ++b) {
-    mma::cp_async_wait<kStages - 2>();
-    cutlass::arch::fence_view_async_shared();  // this thread's cp.async writes, visible to wgmma's async proxy
-    FullBarrier::wait(full + b % kStages, static_cast<uint32_t>((b / kStages) & 1));  // its TMA bytes, if any
+    kb.wait(b);
     __syncthreads();  // block b is in shared memory; every warp is done with block b - 1 (its stage is free)
-    if (b + kStages - 1 < nb) load_block((b + kStages - 1) % kStages, b + kStages - 1);
+    if (b + kStages - 1 < nb) kb.load((b + kStages - 1) % kStages, b + kStages - 1);
     mma::cp_async_commit();
     const int st = b % kStages;
     if (b < nb_full) {
-      block_step<false>(q_wg, sK + st * kKvBytes, sV + st * kKvBytes, b * kBN, pos, m, l, acc, p.qk_scale);
+      block_step<false>(q_wg, kb.k_stage(st), kb.v_stage(st), b * kBN, pos, m, l, acc, p.qk_scale);
     } else {
-      block_step<true>(q_wg, sK + st * kKvBytes, sV + st * kKvBytes, b * kBN, pos, m, l, acc, p.qk_scale);
+      block_step<true>(q_wg, kb.k_stage(st), kb.v_stage(st), b * kBN, pos, m, l, acc, p.qk_scale);
     }
   }
   fwd_store<kND, 1>(p, pr, hb, wrow, pos, acc, m, l);
@@ -223,9 +174,7 @@ int launch_fwd_sm90(const FwdParams& p, int64_t n_progs, cudaStream_t stream) {
   if (grid > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
   GS_TRY(dynamic_smem_once<fwd_sm90_kernel>(kSmem));
   CUtensorMap tma_k{}, tma_v{};
-  const int64_t kv_rows = p.T;  // the K / V stores: [T, HKV, D]
-  const bool tma = sm90::encode_store(&tma_k, p.k, kv_rows, p.HKV, p.D, kBN) &&
-                   sm90::encode_store(&tma_v, p.v, kv_rows, p.HKV, p.D, kBN);
+  const bool tma = sm90::encode_kv(&tma_k, &tma_v, p.k, p.v, p.T, p.HKV, p.D, kBN);  // the stores: [T, HKV, D]
   fwd_sm90_kernel<<<static_cast<unsigned>(grid), kThreads, kSmem, stream>>>(p, tma, tma_k, tma_v);
   return static_cast<int>(cudaGetLastError());
 }

@@ -13,8 +13,11 @@
 #include <cstdint>
 
 #include "attention.cuh"
+#include "cute/arch/copy_sm90_desc.hpp"
+#include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
+#include "cutlass/arch/barrier.h"
 #include "tensor_map.cuh"
 
 namespace gs {
@@ -34,6 +37,11 @@ __device__ __forceinline__ void load_sw128(unsigned char* s, RowPtr row_ptr, int
     unsigned char* dst = s + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
     mma::load8(reinterpret_cast<bf16*>(dst), row_ptr(r), c * 8, D, vec);
   }
+}
+
+// The first 1024-byte boundary at or after p: where swizzled tiles (wgmma atoms, TMA boxes) may start.
+__device__ __forceinline__ unsigned char* align1024(unsigned char* p) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t{1023});
 }
 
 // A wgmma shared-memory descriptor of a 128-byte-swizzled operand at `p` (1024-byte-aligned atoms): strides in
@@ -76,6 +84,88 @@ inline bool encode_store(CUtensorMap* map, const bf16* base, int64_t T, int64_t 
                                  box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
+
+// ROWS rows of one head of a [T, H, D] store from token tok by TMA, as two 64-column boxes that land swizzled exactly
+// as load_sw128 places the bytes. Called by one thread, after it announced the bytes on `full`.
+template <int ROWS>
+__device__ __forceinline__ void tma_rows(const CUtensorMap* map, uint64_t* full, unsigned char* tile, int64_t head,
+                                         int64_t tok) {
+#pragma unroll
+  for (int h = 0; h < kDP / kBox; ++h)
+    cute::SM90_TMA_LOAD_3D::copy(map, full, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                                 tile + h * ROWS * 128, h * kBox, static_cast<int32_t>(head),
+                                 static_cast<int32_t>(tok));
+}
+
+// The K / V stores of a row program's kv head as TMA maps of BN-token boxes: both or neither (cp.async then).
+inline bool encode_kv(CUtensorMap* map_k, CUtensorMap* map_v, const bf16* k, const bf16* v, int64_t T, int64_t HKV,
+                      int64_t D, int rows) {
+  return encode_store(map_k, k, T, HKV, D, rows) && encode_store(map_v, v, T, HKV, D, rows);
+}
+
+// The key / value blocks of a row program (the wgmma forward and dQ) through STAGES shared-memory stages of one K
+// and one V block of BN keys each. A whole block of written keys comes by TMA (one thread issues two boxes a
+// tensor that complete on the stage's barrier: 256 threads issuing cp.async of 32 KB a block bound the first
+// wgmma forward); the block holding the program's last row by cp.async with zero rows past it (keys past the
+// program's last row may be unwritten cache slots: never read). Either way the same bytes at the same addresses.
+// Use: init() by thread 0 before the CTA's first barrier; load(stage, b) issues block b (no commit); wait(b) makes
+// block b readable by wgmma (this thread's cp.async landed and fenced for the async proxy, the stage's TMA bytes
+// arrived), to be followed by a CTA barrier.
+template <int BN, int STAGES, int THREADS>
+struct KeyBlocks {
+  using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+  static constexpr int kBytes = BN * kDP * 2;
+  static constexpr int kSmem = 2 * STAGES * kBytes + STAGES * 8;  // the K stages, the V stages, the barriers
+
+  unsigned char* sK;  // [STAGES] blocks, then the V blocks and the barriers
+  const CUtensorMap* map_k;
+  const CUtensorMap* map_v;
+  bool tma;
+  const bf16* k;
+  const bf16* v;
+  int64_t kv_tok, hk, HKV, D;
+  int pmax;
+  bool vec;
+
+  __device__ __forceinline__ unsigned char* k_stage(int stage) const { return sK + stage * kBytes; }
+  __device__ __forceinline__ unsigned char* v_stage(int stage) const { return sK + (STAGES + stage) * kBytes; }
+  __device__ __forceinline__ uint64_t* full(int stage) const {
+    return reinterpret_cast<uint64_t*>(sK + 2 * STAGES * kBytes) + stage;
+  }
+
+  __device__ __forceinline__ void init() const {
+    for (int st = 0; st < STAGES; ++st) FullBarrier::init(full(st), 1);
+    cutlass::arch::fence_barrier_init();
+    if (tma) {
+      cute::prefetch_tma_descriptor(map_k);
+      cute::prefetch_tma_descriptor(map_v);
+    }
+  }
+
+  __device__ __forceinline__ void load(int stage, int b) const {
+    const int n0 = b * BN;
+    if (tma && n0 + BN - 1 <= pmax) {  // a whole block of written keys
+      if (threadIdx.x == 0) {
+        FullBarrier::arrive_and_expect_tx(full(stage), 2 * kBytes);
+        tma_rows<BN>(map_k, full(stage), k_stage(stage), hk, kv_tok + n0);
+        tma_rows<BN>(map_v, full(stage), v_stage(stage), hk, kv_tok + n0);
+      }
+      return;
+    }
+    load_sw128<BN, THREADS>(k_stage(stage), [&](int r) { return key_row(k, n0 + r, pmax, kv_tok, HKV, hk, D); }, D,
+                            vec);
+    load_sw128<BN, THREADS>(v_stage(stage), [&](int r) { return key_row(v, n0 + r, pmax, kv_tok, HKV, hk, D); }, D,
+                            vec);
+    if (threadIdx.x == 0) FullBarrier::arrive(full(stage));  // the phase completes; cp.async is waited in wait()
+  }
+
+  __device__ __forceinline__ void wait(int b) const {
+    mma::cp_async_wait<STAGES - 2>();
+    cutlass::arch::fence_view_async_shared();  // this thread's cp.async writes, visible to wgmma's async proxy
+    FullBarrier::wait(full(b % STAGES), static_cast<uint32_t>((b / STAGES) & 1));  // its TMA bytes, if any
+  }
+
+};
 
 }  // namespace sm90
 }  // namespace attn

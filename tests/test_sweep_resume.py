@@ -74,6 +74,46 @@ def test_resume_refuses_another_runs_partial(tmp_path: Path) -> None:
         prepare_sweep(opts, lambda _m: None)
 
 
+def test_resume_refuses_a_partial_run_on_other_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The partial log records the cards its cells ran on: a resume on another kind of card is another run (its
+    evidence would name one device for cells measured on two)."""
+    from gradsweep.sweep import api
+
+    key = tmp_path / "k.pem"
+    write_keypair(key)
+    out = tmp_path / "ev.json"
+    opts = SweepOptions(manifest=write_manifest(tmp_path, ops=("a", "b", "c")), out=out, key=key, cell_fn=FAKE_CELL,
+                        loader=FAKE_LOADER, jobs=1)
+    monkeypatch.setattr(api, "gpu_names", lambda _gpus: ["NVIDIA H100 80GB HBM3"])
+    seen: list[CellResult] = []
+
+    def interrupt_after_two(result: CellResult) -> None:
+        seen.append(result)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        execute_sweep(prepare_sweep(opts, lambda _m: None), on_result=interrupt_after_two,
+                      provenance=collect_provenance(REPO))
+    assert json.loads(partial_path(out).read_text().splitlines()[0])["header"]["gpus"] == ["NVIDIA H100 80GB HBM3"]
+    opts.resume = True
+    monkeypatch.setattr(api, "gpu_names", lambda _gpus: ["NVIDIA H200"])
+    with pytest.raises(BadInput, match=r"different run \(gpus differ\)"):
+        prepare_sweep(opts, lambda _m: None)
+    monkeypatch.setattr(api, "gpu_names", lambda _gpus: ["NVIDIA H100 80GB HBM3"])
+    assert len(prepare_sweep(opts, lambda _m: None).kept) == 2  # the same cards: it resumes
+
+
+def test_gpu_names_asks_nvidia_smi_by_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gradsweep.evidence import provenance
+
+    monkeypatch.setattr(provenance, "_run", lambda cmd, cwd=None: "0, NVIDIA H200\n1, NVIDIA H100 80GB HBM3")
+    assert provenance.gpu_names([1, 0]) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert provenance.gpu_names([]) == []
+    monkeypatch.setattr(provenance, "_run", lambda cmd, cwd=None: None)
+    assert provenance.gpu_names([0]) is None
+
+
 def test_interrupted_cli_sweep_resumes(tmp_path: Path) -> None:
     """A real Ctrl-C (SIGINT) to `gradsweep sweep`, then `--resume`: finished cells run once. The sweep starts with
     SIGINT at its default disposition whatever this process inherited: a shell's background job ignores SIGINT,

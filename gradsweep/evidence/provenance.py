@@ -67,6 +67,24 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def gpu_names(indices: list[int]) -> list[str] | None:
+    """The names of these GPUs (CUDA indices as nvidia-smi numbers them), in order; [] for none; None where
+    nvidia-smi cannot say. A resumed sweep must run on the same cards as its finished cells (their verdicts and
+    times were reached there, and the evidence names one device), and asking nvidia-smi leaves CUDA untouched
+    in the sweep's parent process."""
+    if not indices:
+        return []
+    listed = _run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"])
+    if listed is None:
+        return None
+    names = {}
+    for line in listed.splitlines():
+        index, _, name = line.partition(",")
+        if index.strip().isdigit():
+            names[int(index)] = name.strip()
+    return [names.get(i, "?") for i in indices]
+
+
 def git_state(root: Path) -> tuple[str | None, bool | None]:
     """(HEAD commit, whether the work tree differs from it); (None, None) outside a git checkout."""
     commit = _run(["git", "rev-parse", "--verify", "HEAD"], cwd=root)

@@ -18,7 +18,7 @@ from gradsweep.evidence.envelope import seal, write_atomic
 from gradsweep.evidence.extension import extension_digest, planner_digest
 from gradsweep.evidence.paths import portable_argv, portable_path
 from gradsweep.evidence.predicate import ExtensionRef, ManifestRef, Predicate, RunRecord, Selection, SourceRef
-from gradsweep.evidence.provenance import Provenance, collect_provenance
+from gradsweep.evidence.provenance import Provenance, collect_provenance, gpu_names
 from gradsweep.evidence.result_statement import build_result_statement, result_statement_path
 from gradsweep.evidence.signing import KeyFileError, public_path_for, resolve_signer, signing_key_location
 from gradsweep.evidence.source_digest import TreeDigest, file_sha256, repo_root, tree_digest
@@ -201,7 +201,7 @@ def prepare_sweep(opts: SweepOptions, say: Say) -> SweepPlan:
     header = {"manifest_sha256": info.sha256, "source_sha256": source.sha256, "cell_fn": opts.cell_fn,
               "loader": opts.loader, "contract_sha256": info.contract.sha256, "reruns": reruns,
               "extension_sha256": ext[1] if ext else None, "planner_sha256": planner[1] if planner else None,
-              "cells_digest": cells_digest(cells),
+              "cells_digest": cells_digest(cells), "gpus": gpu_names(gpus),
               "started_at": now_utc()}
     partial = PartialLog(partial_path(out), header)
     kept, started = _resume(opts, partial, cells, say, header["started_at"])
