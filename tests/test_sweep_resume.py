@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gradsweep.errors import BadInput
-from gradsweep.evidence.provenance import collect_provenance
+from gradsweep.evidence.provenance import Provenance, collect_provenance
 from gradsweep.evidence.signing import write_keypair
 from gradsweep.results import CellResult
 from gradsweep.sweep.api import SweepOptions, execute_sweep, prepare_sweep
@@ -25,6 +25,20 @@ def _calls(log: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
+def _interrupt_after(n: int, opts: SweepOptions, prov: Provenance) -> list[CellResult]:
+    """Run the sweep and stop it with a KeyboardInterrupt once n cells finished (a Ctrl-C mid-sweep); those cells."""
+    seen: list[CellResult] = []
+
+    def interrupt(result: CellResult) -> None:
+        seen.append(result)
+        if len(seen) == n:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        execute_sweep(prepare_sweep(opts, lambda _m: None), on_result=interrupt, provenance=prov)
+    return seen
+
+
 def test_resume_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "calls.log"
     monkeypatch.setenv("FAKE_CALL_LOG", str(log))
@@ -34,15 +48,7 @@ def test_resume_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     out = tmp_path / "ev.json"
     opts = SweepOptions(manifest=manifest, out=out, key=key, cell_fn=FAKE_CELL, loader=FAKE_LOADER, jobs=1)
     prov = collect_provenance(REPO)
-    seen: list[CellResult] = []
-
-    def interrupt_after_five(result: CellResult) -> None:
-        seen.append(result)
-        if len(seen) == 5:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        execute_sweep(prepare_sweep(opts, lambda _m: None), on_result=interrupt_after_five, provenance=prov)
+    seen = _interrupt_after(5, opts, prov)
     assert not out.exists()
     lines = partial_path(out).read_text().splitlines()
     assert len(lines) == 1 + 5 and "header" in json.loads(lines[0])
@@ -85,16 +91,7 @@ def test_resume_refuses_a_partial_run_on_other_gpus(tmp_path: Path, monkeypatch:
     opts = SweepOptions(manifest=write_manifest(tmp_path, ops=("a", "b", "c")), out=out, key=key, cell_fn=FAKE_CELL,
                         loader=FAKE_LOADER, jobs=1)
     monkeypatch.setattr(api, "gpu_names", lambda _gpus: ["NVIDIA H100 80GB HBM3"])
-    seen: list[CellResult] = []
-
-    def interrupt_after_two(result: CellResult) -> None:
-        seen.append(result)
-        if len(seen) == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        execute_sweep(prepare_sweep(opts, lambda _m: None), on_result=interrupt_after_two,
-                      provenance=collect_provenance(REPO))
+    assert len(_interrupt_after(2, opts, collect_provenance(REPO))) == 2
     assert json.loads(partial_path(out).read_text().splitlines()[0])["header"]["gpus"] == ["NVIDIA H100 80GB HBM3"]
     opts.resume = True
     monkeypatch.setattr(api, "gpu_names", lambda _gpus: ["NVIDIA H200"])
