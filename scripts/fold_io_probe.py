@@ -1,0 +1,152 @@
+"""Device time of the CUDA Hopper dW fold under each way of moving the FP32 main grad (a diagnostic for one kernel
+change, never evidence): GRADSWEEP_FOLD_IO = 0 (4-byte accesses per accumulator element, the signed tree's kernel),
+1 (8-byte pairs), 2 (pairs in, the store through shared memory as coalesced 16-byte row chunks), 3 (both through
+shared memory), read by an A/B build of gemm_fold_sm90.cu at every call; with it GRADSWEEP_FOLD_FENCE = 0 (the
+consumers fence a stage for the async proxy only when the producer gathered it by cp.async, a flag per stage in
+shared memory; the signed kernel fences every stage, TMA-loaded ones included) and GRADSWEEP_FOLD_GROUP (row tiles
+per column tile in the launch order, 8 in the signed kernel).
+
+Why: ptxas of the signed kernel shows 128 scalar ld.global.f32 and 128 st.global.f32 per consumer thread for the
+128 x 256 FP32 tile (CuTe cannot prove the pairs aligned), half-used sectors on every store; the fold reads and
+writes that tile once per CTA (4 waves at N = K = 4096) with the tensor cores idle. Triton's fold (the same tile,
+255 against 285 us at T = 4096 in the thirty-first session) stores through a coalesced layout.
+
+Cases: the bench's packed steps (13 samples, T = 4096 and 16384, N = K = 4096), the plan from ``CanonicalFold.take``
+as the CUDA det_gemm backward makes it. Every variant folds the same plan into the same start, and its bits must
+equal variant 0's (the same wgmma chain from the same loaded values). Times: CUDA events over 10 calls a sample,
+variants interleaved round by round after 150 ms of heat, median of the rounds; beside them cuBLAS's bf16 dY^T X
+(the bench's baseline), cuBLAS with an FP32 C read and written (``addmm(G, dY^T, X, out_dtype=float32)``: the
+fold's main-grad traffic, a fair ceiling for it) and Triton's fold.
+
+    python3 scripts/fold_io_probe.py OUT/fold_io.json            (the A/B build: every variant)
+    python3 scripts/fold_io_probe.py --plain OUT/fold_plain.json  (any other build: its own dispatch, no knobs)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gradsweep.bench.cases import irregular
+from gradsweep.canonical import CanonicalFold, RowIdentity, clear_plan_caches
+from gradsweep.cuda_kernels import gemm as cuda_gemm
+
+# name -> the A/B build's environment (GRADSWEEP_FOLD_IO, GRADSWEEP_FOLD_FENCE: 0 fences only the gathered
+# stages, GRADSWEEP_FOLD_GROUP: row tiles per column tile in the launch order); "io0" is the signed kernel.
+VARIANTS = {
+    "io0": {"IO": 0}, "io1": {"IO": 1}, "io2": {"IO": 2}, "io3": {"IO": 3},
+    "io0_nofence": {"IO": 0, "FENCE": 0}, "io2_nofence": {"IO": 2, "FENCE": 0},
+    "io2_group4": {"IO": 2, "GROUP": 4}, "io2_group16": {"IO": 2, "GROUP": 16},
+}
+_KNOBS = ("IO", "FENCE", "GROUP")
+N = K = 4096
+CALLS = 10
+ROUNDS = 15
+
+
+def _timed(fn, calls: int = CALLS) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / calls  # us per call
+
+
+def _heat(fn, ms: float = 150.0) -> None:
+    t = _timed(fn, 3)
+    for _ in range(max(1, int(ms * 1000.0 / max(t, 1.0)))):
+        fn()
+    torch.cuda.synchronize()
+
+
+def _variant(name: str):
+    env = VARIANTS.get(name, {})
+
+    def run(plan, x, dy, g):
+        for knob in _KNOBS:
+            if knob in env:
+                os.environ[f"GRADSWEEP_FOLD_{knob}"] = str(env[knob])
+            else:
+                os.environ.pop(f"GRADSWEEP_FOLD_{knob}", None)
+        cuda_gemm.dw_fold_raw(plan, x, dy, g)
+    return run
+
+
+def case(t: int, variants: dict) -> dict:
+    torch.manual_seed(t)
+    lengths = list(irregular(t, 13))
+    x = (torch.randn(t, K, device="cuda") * 0.5).to(torch.bfloat16)
+    dy = (torch.randn(t, N, device="cuda") * 0.5).to(torch.bfloat16)
+    g0 = torch.randn(N, K, device="cuda")
+    clear_plan_caches()
+    fold = CanonicalFold(torch.zeros(N, K, device="cuda"), lengths, cuda_gemm.TILE)
+    plan = fold.take(RowIdentity.packed(lengths), (x, dy)).plan
+    out: dict = {"T": t, "tiles": int(plan.shape[0]), "bits": {}, "us": {}}
+    ref = None
+    for v in variants:
+        g = g0.clone()
+        _variant(v)(plan, x, dy, g)
+        torch.cuda.synchronize()
+        if ref is None:
+            ref = g
+        out["bits"][v] = bool(torch.equal(g.view(torch.int32), ref.view(torch.int32)))
+    g = g0.clone()
+    sides = {v: (lambda v=v: _variant(v)(plan, x, dy, g)) for v in variants}
+    sides["cublas"] = lambda: torch.mm(dy.t(), x)
+    try:  # the fold's fair ceiling: cuBLAS reading and writing an FP32 C (beta = 1), as the fold does its main grad
+        torch.addmm(g, dy.t(), x, out_dtype=torch.float32)
+        sides["cublas_f32c"] = lambda: torch.addmm(g, dy.t(), x, out_dtype=torch.float32)
+    except (RuntimeError, TypeError) as exc:
+        print(f"  cuBLAS with an FP32 C unavailable: {type(exc).__name__}: {exc}")
+    try:
+        from gradsweep.triton_kernels import gemm as triton_gemm
+        clear_plan_caches()
+        tfold = CanonicalFold(torch.zeros(N, K, device="cuda"), lengths, triton_gemm.TILE)
+        tstep = tfold.take_tiles(RowIdentity.packed(lengths), (x, dy))
+        sides["triton"] = lambda: triton_gemm.dw_fold(tstep, x, dy, g)
+    except Exception as exc:  # a diagnostic: report it and time the rest
+        print(f"  triton fold unavailable: {type(exc).__name__}: {exc}")
+    for fn in sides.values():
+        fn()
+    torch.cuda.synchronize()
+    _heat(lambda: [fn() for fn in sides.values()])
+    samples: dict[str, list[float]] = {k: [] for k in sides}
+    for _ in range(ROUNDS):
+        for k, fn in sides.items():
+            samples[k].append(_timed(fn))
+    for knob in _KNOBS:
+        os.environ.pop(f"GRADSWEEP_FOLD_{knob}", None)
+    out["us"] = {k: statistics.median(s) for k, s in samples.items()}
+    out["spread"] = {k: (min(s), max(s)) for k, s in samples.items()}
+    return out
+
+
+def main() -> int:
+    print(torch.cuda.get_device_name(), "SMs", torch.cuda.get_device_properties(0).multi_processor_count)
+    args = sys.argv[1:]
+    plain = "--plain" in args
+    args = [a for a in args if a != "--plain"]
+    results = [case(t, {"default": {}} if plain else VARIANTS) for t in (4096, 16384)]
+    ok = True
+    for r in results:
+        cub = r["us"]["cublas"]
+        print(f"T={r['T']} ({r['tiles']} tiles of 64), N=K={N}: bits equal to the first: {r['bits']}")
+        ok &= all(r["bits"].values())
+        for k, us in r["us"].items():
+            lo, hi = r["spread"][k]
+            print(f"  {k:12s} {us:8.1f} us  ({us / cub:.3f}x cuBLAS; rounds {lo:.1f}-{hi:.1f})")
+    if args:
+        Path(args[0]).write_text(json.dumps(results, indent=1, default=str))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
