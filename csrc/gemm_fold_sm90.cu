@@ -31,6 +31,13 @@
 // for the async proxy, run wgmma on it with one batch in flight, and each warp arrives on the stage's
 // "empty" barrier once its batch on it has retired. The producer keeps few registers (setmaxnreg), so the
 // consumers hold their 128 accumulators without spilling.
+//
+// The FP32 main-grad tile (128 KiB a CTA, read before the loop and written after it, with the tensor cores idle)
+// moves in the widest accesses its alignment allows (`MainGradIO`): 8-byte pairs in (wgmma's C fragment holds
+// columns c, c + 1 of a row) and, once the loop is done and the stages are free, out through shared memory as
+// coalesced 16-byte row chunks; one element at a time where the leading dimension or the base allows no better.
+// The same values land in the same places: the choice moves no bit (the GPU test runs all three against the
+// mma.sync fold).
 #include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
@@ -102,6 +109,25 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
                : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// How the consumers move the main-grad tile (a speed choice from its alignment, made on the host):
+//   kElements: one 4-byte access per accumulator element (any leading dimension);
+//   kPairs: one 8-byte access per accumulator pair (ldg and K even, the main grad 8-byte aligned);
+//   kChunkedStore: kPairs' load, the store through shared memory in 16-byte row chunks (ldg and K multiples of 4,
+//     the main grad 16-byte aligned).
+enum MainGradIO : int { kElements = 0, kPairs = 1, kChunkedStore = 2 };
+
+// The staging tile of kChunkedStore, over the free stages: kBM rows of kBN floats, each row padded by 8 floats so
+// that a half-warp's 8-byte fragment writes (4 rows x 32 bytes) and a quarter-warp's 16-byte row chunks (128
+// contiguous bytes) hit distinct banks.
+constexpr int kStageLd = kBN + 8;
+constexpr int kConsumerThreads = kConsumers * 128;
+constexpr int kChunkRows = kConsumerThreads / (kBN / 4);  // tile rows one pass of the consumers' chunks covers
+constexpr uint32_t kBarConsumers = 1;                     // named barrier of the consumer warpgroups
+
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(kBarConsumers), "r"(kConsumerThreads) : "memory");
+}
 
 // The plan entries of the 64 slots of stage kt, two per lane: slot t0 + lane (lo) and t0 + 32 + lane (hi);
 // -1 past the plan's end. Loaded a stage ahead, so the gather's addresses never wait on a plan load.
@@ -182,6 +208,21 @@ __device__ __forceinline__ void tma_stage(const CUtensorMap* map, uint64_t* full
   }
 }
 
+// G's tile (m0, n0) <- the staging tile, coalesced 16-byte chunks inside G (K a multiple of 4: a chunk is inside
+// or outside whole).
+__device__ __forceinline__ void store_chunks(const float* staged, const Params& p, int64_t m0, int64_t n0, int ct) {
+  const int r = ct / (kBN / 4), c = (ct % (kBN / 4)) * 4;
+  CUTE_UNROLL
+  for (int pass = 0; pass < kBM / kChunkRows; ++pass) {
+    const int row = pass * kChunkRows + r;
+    if (m0 + row < p.N && n0 + c < p.K) {
+      *reinterpret_cast<float4*>(p.g + (m0 + row) * p.ldg + n0 + c) =
+          *reinterpret_cast<const float4*>(staged + row * kStageLd + c);
+    }
+  }
+}
+
+template <int IO>
 __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p, const __grid_constant__ CUtensorMap tma_dy,
                                                              const __grid_constant__ CUtensorMap tma_x) {
   extern __shared__ uint8_t smem_raw[];
@@ -269,8 +310,18 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p, const __gri
                                                          Shape<Int<kBM>, Int<kBN>>{}, make_coord(tm, tn)));
   // The main grad, loaded before the reduction loop (zero outside G: never stored). One predicated path:
   // a branch here would make ptxas serialise the wgmma pipeline (C7515).
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) acc(i) = elem_less(tCcG(i), make_shape(p.N, p.K)) ? tCgG(i) : 0.0f;
+  if constexpr (IO == kElements) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) acc(i) = elem_less(tCcG(i), make_shape(p.N, p.K)) ? tCgG(i) : 0.0f;
+  } else {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {  // K even: columns c and c + 1 are both inside G or both outside
+      const float2 v = elem_less(tCcG(i), make_shape(p.N, p.K)) ? *reinterpret_cast<const float2*>(&tCgG(i))
+                                                                  : make_float2(0.0f, 0.0f);
+      acc(i) = v.x;
+      acc(i + 1) = v.y;
+    }
+  }
 
   // Whole stages: no branch between the wgmma instructions of a batch.
   for (int64_t kt = 0; kt < n_full; ++kt) {
@@ -304,14 +355,35 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p, const __gri
   warpgroup_wait<0>();
   warpgroup_fence_operand(acc);
 
-  if (m0 + kBM <= p.N && n0 + kBN <= p.K) {
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc); ++i) tCgG(i) = acc(i);
-  } else {
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc); ++i) {
-      if (elem_less(tCcG(i), make_shape(p.N, p.K))) tCgG(i) = acc(i);
+  if constexpr (IO == kElements) {
+    if (m0 + kBM <= p.N && n0 + kBN <= p.K) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); ++i) tCgG(i) = acc(i);
+    } else {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); ++i) {
+        if (elem_less(tCcG(i), make_shape(p.N, p.K))) tCgG(i) = acc(i);
+      }
     }
+  } else if constexpr (IO == kPairs) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      if (elem_less(tCcG(i), make_shape(p.N, p.K))) {
+        *reinterpret_cast<float2*>(&tCgG(i)) = make_float2(acc(i), acc(i + 1));
+      }
+    }
+  } else {
+    // Every stage has landed and been read (the last full-barrier wait, then each warpgroup's wgmma wait); the
+    // barrier makes sure the other warpgroup's last wgmma is done with them too before they are overwritten.
+    float* staged = reinterpret_cast<float*>(smem);
+    consumers_sync();
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      *reinterpret_cast<float2*>(staged + (get<0>(tCcG(i)) - m0) * kStageLd + (get<1>(tCcG(i)) - n0)) =
+          make_float2(acc(i), acc(i + 1));
+    }
+    consumers_sync();
+    store_chunks(staged, p, m0, n0, ct);
   }
 }
 
@@ -346,6 +418,7 @@ int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uint
                       int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, uintptr_t stream) {
   using namespace fold90;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+  static_assert(kBM * kStageLd * 4 <= kSmemBarrier, "the staging tile fits over the stages");
   const int64_t tiles_m = (N + kBM - 1) / kBM, tiles_n = (K + kBN - 1) / kBN;
   if (tiles_m * tiles_n > 2147483647LL) return static_cast<int>(cudaErrorInvalidConfiguration);
   Params p{};
@@ -366,9 +439,19 @@ int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uint
     GS_TRY(encode_window(&tma_dy, p.dy, rows, N, ldy));
     GS_TRY(encode_window(&tma_x, p.x, rows, K, ldx));
   }
-  GS_TRY(dynamic_smem_once<fold_kernel>(kSmemBytes));
-  fold_kernel<<<static_cast<unsigned>(tiles_m * tiles_n), kThreads, kSmemBytes,
-                reinterpret_cast<cudaStream_t>(stream)>>>(p, tma_dy, tma_x);
+  const uintptr_t g = reinterpret_cast<uintptr_t>(p.g);
+  const unsigned grid = static_cast<unsigned>(tiles_m * tiles_n);
+  const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  if (ldg % 4 == 0 && K % 4 == 0 && g % 16 == 0) {
+    GS_TRY(dynamic_smem_once<fold_kernel<kChunkedStore>>(kSmemBytes));
+    fold_kernel<kChunkedStore><<<grid, kThreads, kSmemBytes, s>>>(p, tma_dy, tma_x);
+  } else if (ldg % 2 == 0 && K % 2 == 0 && g % 8 == 0) {
+    GS_TRY(dynamic_smem_once<fold_kernel<kPairs>>(kSmemBytes));
+    fold_kernel<kPairs><<<grid, kThreads, kSmemBytes, s>>>(p, tma_dy, tma_x);
+  } else {
+    GS_TRY(dynamic_smem_once<fold_kernel<kElements>>(kSmemBytes));
+    fold_kernel<kElements><<<grid, kThreads, kSmemBytes, s>>>(p, tma_dy, tma_x);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -3,6 +3,11 @@
 - ``gemm``: one cuBLAS lm_head GEMM (``hidden @ W.T``), the unit of the linear_logp targets.
 - ``sdpa``: ``F.scaled_dot_product_attention`` on the whole batch with the flash backend, K/V expanded to the
   query heads beforehand (the attention targets' baseline; samples of equal length only).
+- ``fp32_wgrad``: a linear layer whose backward accumulates dW into the FP32 main grad by one cuBLAS GEMM with
+  beta = 1 (``addmm(G, dY^T, X, out_dtype=float32, out=G)``), dX by cuBLAS: what a trainer with FP32 main grads
+  runs without gradsweep (Megatron's gradient-accumulation fusion). The stock path's bf16 ``dY^T X`` neither reads
+  nor writes an FP32 main grad, so this is the fair ceiling of a canonical fold into one; shown beside the stock
+  ratio, never a target's baseline in place of it.
 - anchors, timed only when installed (recorded as absent otherwise, never an error): ``liger`` (Liger-Kernel:
   RMSNorm, SwiGLU, fused linear cross-entropy) and ``bio`` (Thinking Machines' batch_invariant_ops: the stock
   path run inside ``set_batch_invariant_mode()``, which swaps aten's mm / log_softmax / mean for its kernels).
@@ -107,7 +112,42 @@ def _sdpa(case: Case, data: OpData, mode: str) -> Fn:
     return function_step(forward, tensors, ("q", "k", "v"), [data.upstream["o"]], mode)
 
 
-BASELINES: dict[str, Callable[[Case, OpData, str], Fn]] = {"gemm": _gemm, "sdpa": _sdpa}
+class _Fp32Wgrad(torch.autograd.Function):
+    """y = x @ W.T by cuBLAS; the backward's dW added into ``main_grad`` (FP32) by one GEMM with beta = 1."""
+
+    @staticmethod
+    def forward(ctx, x, weight, main_grad):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.main_grad = main_grad
+        return torch.mm(x, weight.t())
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        dx = torch.mm(dy, weight) if ctx.needs_input_grad[0] else None
+        if ctx.needs_input_grad[1]:
+            g = ctx.main_grad
+            if g.is_cuda:  # bf16 operands, FP32 accumulate and C: the one kernel a trainer runs
+                torch.addmm(g, dy.t(), x, out_dtype=torch.float32, out=g)
+            else:  # (CPU torch has no bf16 -> FP32 GEMM: the same sum on FP32 copies; a CPU run times nothing)
+                g.addmm_(dy.t().float(), x.float())
+        return dx, None, None
+
+
+def _fp32_wgrad(case: Case, data: OpData, mode: str) -> Fn:
+    if set(data.params) != {"W"} or len(data.inputs) != 1 or len(data.upstream) != 1:
+        raise ValueError(f"{case.id}: the fp32_wgrad baseline needs a linear layer (one input, W, one output)")
+    (x_name, x), = data.inputs.items()
+    main_grad = torch.zeros_like(data.main_grads["W"])  # its own: the families' folds and checks use theirs
+
+    def forward(t: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        return [_Fp32Wgrad.apply(t[x_name], t["W"], main_grad)]
+
+    trainable = {"inputs": (x_name,), "params": ("W",)}.get(case.grads, (x_name, "W"))
+    return function_step(forward, {x_name: x, "W": data.params["W"]}, trainable, list(data.upstream.values()), mode)
+
+
+BASELINES: dict[str, Callable[[Case, OpData, str], Fn]] = {"gemm": _gemm, "sdpa": _sdpa, "fp32_wgrad": _fp32_wgrad}
 
 
 # ------------------------------------------------------------------------------------------------ anchors

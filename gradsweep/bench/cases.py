@@ -34,7 +34,8 @@ class Case:
     computes: ``inputs`` freezes the parameters (dX alone), ``params`` the inputs (dW alone).
     ``baselines`` are timed in the same run: ``stock`` is the op's declared stock path, other names are the
     reference paths of ``gradsweep.bench.baselines`` (``gemm``: one cuBLAS lm_head GEMM; ``sdpa``: batched
-    flash SDPA). ``anchors`` are third-party kernels, timed when installed.
+    flash SDPA; ``fp32_wgrad``: cuBLAS dW added into an FP32 main grad). ``anchors`` are third-party kernels,
+    timed when installed.
     ``split`` is the timed-data bitwise check: ``rows`` computes the first token alone and the rest as
     another batch, ``chunks`` cuts every sample in two calls inside a canonical tile (backward in reverse
     call order); both must give the timed step's bits. ``check_shape`` is the shape of the contract check

@@ -3,7 +3,7 @@ alone (fold planning included), lm_head; against cuBLAS through the stock path (
 
 from __future__ import annotations
 
-from gradsweep.bench.cases import Case, irregular
+from gradsweep.bench.cases import STOCK, Case, irregular
 
 K = N = 4096
 FWD_M = (1, 16, 256, 4096, 16384)
@@ -36,7 +36,9 @@ def dx(m: int, n: int, k: int) -> Case:
 def dw(t: int, n: int, k: int, samples: int = 13) -> Case:
     return Case("det_gemm", f"dw_t{t}", f"dW T={t} ({samples} samples) N=K={k}, fp32 main grad",
                 _gemm_shape(k, n), irregular(t, samples), "bwd", grads="params", flops=_flops,
-                notes="canonical fold into the FP32 main grad, plan included; stock: cuBLAS bf16 dY^T X")
+                baselines=(STOCK, "fp32_wgrad"),
+                notes="canonical fold into the FP32 main grad, plan included; stock: cuBLAS bf16 dY^T X; "
+                      "fp32_wgrad: cuBLAS dY^T X added into the FP32 main grad (beta = 1)")
 
 
 def lm_head(t: int, vocab: int, hidden: int) -> Case:
@@ -50,7 +52,7 @@ def cases(quick: bool) -> list[Case]:
         k, n = 64, 96
         return [fwd(1, n, k, "fwd_m1_n4096"), fwd(7, n, k, "fwd_m16_n4096"), fwd(40, n, k, "fwd_m4096_n4096"),
                 dx(1, n, k), dx(40, n, k), Case("det_gemm", "dw_t4096", "dW", _gemm_shape(k, n), (9, 3, 14), "bwd",
-                                               grads="params", flops=_flops),
+                                               grads="params", flops=_flops, baselines=(STOCK, "fp32_wgrad")),
                 lm_head(20, 300, 48)]
     out = [fwd(m, N, K) for m in FWD_M]
     out += [fwd(m, n, K) for n in WIDE_N for m in (16, 4096)]
