@@ -8,6 +8,9 @@ src=$1; n=$2
 d=.devtmp/state$n
 rm -rf "$d"; mkdir -p "$d"
 tar -xzf "$src/state.tar.gz" -C "$d"
-if [ -f "$src/triton-cache.tar.gz" ]; then cp "$src/triton-cache.tar.gz" "$d"/; fi
+# the call hands its Triton cache back only when it packs to 15 MiB or less; otherwise the previous state's goes on
+prev=.devtmp/state$((n - 1))
+if [ -f "$src/triton-cache.tar.gz" ]; then cp "$src/triton-cache.tar.gz" "$d"/
+elif [ -f "$prev/triton-cache.tar.gz" ]; then cp "$prev/triton-cache.tar.gz" "$d"/; echo "triton cache: $prev's"; fi
 tail -20 "$d/summary.txt"
 du -sh "$d"
