@@ -14,7 +14,7 @@ from gradsweep.bench.data import draw
 from gradsweep.ops.registry import get_op
 
 
-def test_backward_adds_dy_t_x_into_the_main_grad_and_returns_dx_only_when_asked() -> None:
+def test_backward_adds_dy_t_x_into_the_main_grad_and_returns_dx_only_when_asked(monkeypatch) -> None:
     """Small integers: every product and sum is exact in FP32, so the float64 references are the exact values
     (equality, no tolerance)."""
     gen = torch.Generator().manual_seed(3)
@@ -36,9 +36,14 @@ def test_backward_adds_dy_t_x_into_the_main_grad_and_returns_dx_only_when_asked(
     assert wl.grad is None  # dW lives in the main grad only
 
     g2 = start.clone()
-    frozen = x.clone()  # a dW-only case: no dX is computed, the main grad gets the same sum
-    _Fp32Wgrad.apply(frozen, w.clone().requires_grad_(True), g2).backward(dy)
-    assert frozen.grad is None and torch.equal(g2, exact_g)
+    frozen = x.clone()  # a dW-only case: no dX GEMM runs, the main grad gets the same sum
+    y2 = _Fp32Wgrad.apply(frozen, w.clone().requires_grad_(True), g2)
+    mm_calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda *a, **k: mm_calls.append(a) or real_mm(*a, **k))
+    y2.backward(dy)
+    assert mm_calls == [], "the dW-only backward computed dX"
+    assert torch.equal(g2, exact_g)
 
 
 def test_the_dw_cases_declare_it_and_a_step_leaves_the_families_main_grads_alone() -> None:
