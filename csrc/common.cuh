@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <cuda.h>  // CUcontext (types only: the extension reaches the driver through entry points)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,8 +23,27 @@ using bf16 = __nv_bfloat16;
     if (gs_err_ != cudaSuccess) return static_cast<int>(gs_err_); \
   } while (0)
 
+// Whether this host thread has a current driver context (true where that cannot be asked). The driver's
+// cuCtxGetCurrent, looked up once per process (the extension links the static runtime, not libcuda).
+inline bool thread_has_context() {
+  using GetCurrent = CUresult (*)(CUcontext*);
+  static const GetCurrent get = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<GetCurrent>(fn) : nullptr;
+  }();
+  CUcontext ctx = nullptr;
+  return get == nullptr || (get(&ctx) == CUDA_SUCCESS && ctx != nullptr);
+}
+
 // Makes `device` current for the launcher's scope and restores the previous device afterwards, so the
 // caller's (torch's) notion of the current device is left as it was.
+// A thread can have no current context at all: torch's autograd device thread before its first kernel (torch sets
+// its device lazily) and any new host thread. cudaGetDevice then reports device 0 without binding anything, and
+// a driver call before the first runtime launch (cuTensorMapEncodeTiled for every Hopper GEMM, fold and attention
+// kernel) fails with CUDA_ERROR_INVALID_CONTEXT (201). Where the device is already the runtime's but no context is
+// current, cudaSetDevice binds its primary context (CUDA 12: it initialises it and makes it current).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
@@ -32,6 +52,8 @@ class DeviceGuard {
     if (status_ == cudaSuccess && cur != device) {
       status_ = cudaSetDevice(device);
       if (status_ == cudaSuccess) prev_ = cur;
+    } else if (status_ == cudaSuccess && !thread_has_context()) {
+      status_ = cudaSetDevice(device);
     }
   }
   ~DeviceGuard() {

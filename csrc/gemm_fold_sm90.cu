@@ -394,7 +394,8 @@ namespace {
 // window rows x 1 window at (c0, j0, w) reads rows w + j0 .. w + kBK - 1 and zero-fills its last j0 rows: a
 // short canonical tile by TMA without touching the rows after it (the next sample's, or past the tensor). The
 // 128-byte swizzle; out-of-bounds elements read as zero.
-cudaError_t encode_window(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t ld) {
+// Returns 0 or kTmaEncodeError + the driver's CUresult (error_string names it), as the Hopper GEMM does.
+int encode_window(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t ld) {
   // Plan entries are int32: rows past 2^31 are never addressed.
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(kBK),
                               static_cast<cuuint64_t>(std::min<int64_t>(rows, 1LL << 31))};
@@ -406,8 +407,17 @@ cudaError_t encode_window(CUtensorMap* map, const void* base, int64_t rows, int6
                                              strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r == CUDA_ERROR_NOT_SUPPORTED) return cudaErrorNotSupported;
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  if (r == CUDA_ERROR_NOT_SUPPORTED) return static_cast<int>(cudaErrorNotSupported);
+  return r == CUDA_SUCCESS ? 0 : kTmaEncodeError + static_cast<int>(r);
+}
+
+// One launch of the fold with main-grad I/O `IO`; the shared-memory opt-in is set once per device and kernel.
+template <MainGradIO IO>
+int launch_fold(const Params& p, const CUtensorMap& tma_dy, const CUtensorMap& tma_x, unsigned grid,
+                cudaStream_t s) {
+  GS_TRY(dynamic_smem_once<fold_kernel<IO>>(kSmemBytes));
+  fold_kernel<IO><<<grid, kThreads, kSmemBytes, s>>>(p, tma_dy, tma_x);
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
@@ -436,23 +446,17 @@ int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uint
   p.tiles_n = static_cast<int>(tiles_n);
   CUtensorMap tma_dy{}, tma_x{};  // row windows of dY [rows, N] and X [rows, K]
   if (rows > 0) {  // with no rows every plan entry is -1: no stage reads a window, the maps are never read
-    GS_TRY(encode_window(&tma_dy, p.dy, rows, N, ldy));
-    GS_TRY(encode_window(&tma_x, p.x, rows, K, ldx));
+    int err = encode_window(&tma_dy, p.dy, rows, N, ldy);
+    if (err == 0) err = encode_window(&tma_x, p.x, rows, K, ldx);
+    if (err != 0) return err;  // nothing launched
   }
   const uintptr_t g = reinterpret_cast<uintptr_t>(p.g);
   const unsigned grid = static_cast<unsigned>(tiles_m * tiles_n);
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (ldg % 4 == 0 && K % 4 == 0 && g % 16 == 0) {
-    GS_TRY(dynamic_smem_once<fold_kernel<kChunkedStore>>(kSmemBytes));
-    fold_kernel<kChunkedStore><<<grid, kThreads, kSmemBytes, s>>>(p, tma_dy, tma_x);
-  } else if (ldg % 2 == 0 && K % 2 == 0 && g % 8 == 0) {
-    GS_TRY(dynamic_smem_once<fold_kernel<kPairs>>(kSmemBytes));
-    fold_kernel<kPairs><<<grid, kThreads, kSmemBytes, s>>>(p, tma_dy, tma_x);
-  } else {
-    GS_TRY(dynamic_smem_once<fold_kernel<kElements>>(kSmemBytes));
-    fold_kernel<kElements><<<grid, kThreads, kSmemBytes, s>>>(p, tma_dy, tma_x);
-  }
-  return static_cast<int>(cudaGetLastError());
+  // The widest main-grad access the alignment of the grad allows (16-byte chunks, 8-byte pairs, elements).
+  if (ldg % 4 == 0 && K % 4 == 0 && g % 16 == 0) return launch_fold<kChunkedStore>(p, tma_dy, tma_x, grid, s);
+  if (ldg % 2 == 0 && K % 2 == 0 && g % 8 == 0) return launch_fold<kPairs>(p, tma_dy, tma_x, grid, s);
+  return launch_fold<kElements>(p, tma_dy, tma_x, grid, s);
 }
 
 }  // namespace gs

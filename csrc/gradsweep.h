@@ -19,8 +19,8 @@ constexpr int64_t kRopeMaxHeadDim = 8192;
 // Vocabulary columns per CTA of the fused linear_logp forward (a constant: a row's log-sum-exp order follows it).
 constexpr int64_t kLlpVChunk = 2048;
 
-// An error code of this value plus a CUresult: the driver would not encode a TMA descriptor of a CUTLASS GEMM,
-// and nothing was launched (tensor_map.cuh, gemm_sm90.cuh); error_string names it.
+// An error code of this value plus a CUresult: the driver would not encode a TMA descriptor of a Hopper GEMM or
+// dW fold, and nothing was launched (tensor_map.cuh, gemm_sm90.cuh, gemm_fold_sm90.cu); error_string names it.
 constexpr int kTmaEncodeError = 1 << 20;
 
 // runtime.cu

@@ -33,7 +33,7 @@ void fail_next_tma_encodes(int n) { forced_encode_failures() = n > 0 ? n : 0; }
 std::string error_string(int code) {
   if (code >= kTmaEncodeError && code < 2 * kTmaEncodeError) {
     return "TmaEncodeFailed (" + std::to_string(code) + "): cuTensorMapEncodeTiled returned CUresult " +
-           std::to_string(code - kTmaEncodeError) + " for a TMA descriptor of a CUTLASS GEMM; nothing was launched";
+           std::to_string(code - kTmaEncodeError) + " for a TMA descriptor of a Hopper GEMM or dW fold; nothing was launched";
   }
   const auto e = static_cast<cudaError_t>(code);
   return std::string(cudaGetErrorName(e)) + " (" + std::to_string(code) + "): " + cudaGetErrorString(e);

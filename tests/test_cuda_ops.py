@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -258,8 +260,9 @@ def test_gpu_a_failed_tma_encode_launches_nothing() -> None:
     """CUTLASS only prints a failed cuTensorMapEncodeTiled and launches anyway: under Nsight Compute every encode
     of the GEMM returned 201 and the kernel hit an illegal instruction, which poisons the context for every later
     cell of a sweep. The Hopper GEMM refuses instead (an error naming the encode), writes nothing, and the device
-    stays usable: the next call runs and gives the portable path's bits. The failure is planted
-    (``_fail_next_tma_encodes``: the next encode fails without reaching the driver)."""
+    stays usable: the next call runs and gives the portable path's bits. The Hopper dW fold refuses the same way
+    (it said "invalid argument" before). The failure is planted (``_fail_next_tma_encodes``: the next encode fails
+    without reaching the driver)."""
     ext, dev, stream = _hopper_ext_or_skip("the Hopper GEMM")
     gen = torch.Generator().manual_seed(5)
     m, n, k = 256, 4096, 4096
@@ -277,6 +280,73 @@ def test_gpu_a_failed_tma_encode_launches_nothing() -> None:
     ext.gemm_nt(*args, 1)
     torch.cuda.synchronize()
     assert torch.equal(hopper.view(torch.int16), y.view(torch.int16))
+    # the Hopper dW fold encodes its own row-window maps: a failed encode is refused the same way, by name
+    plan = torch.arange(m, dtype=torch.int32, device="cuda")
+    grad = torch.zeros(n, k, dtype=torch.float32, device="cuda")
+    fold = (plan.data_ptr(), m // 64, 64, y.data_ptr(), x.data_ptr(), grad.data_ptr(), m, n, k, n, k, k, dev, stream, 2)
+    ext._fail_next_tma_encodes(1)
+    with pytest.raises(RuntimeError, match=r"gemm_dw_fold: TmaEncodeFailed .*CUresult 1 .*nothing was launched"):
+        ext.gemm_dw_fold(*fold)
+    torch.cuda.synchronize()
+    assert not grad.any(), "the refused fold wrote its main grad"
+    ext.gemm_dw_fold(*fold)
+    torch.cuda.synchronize()
+    assert grad.any()
+
+
+@pytest.mark.gpu
+@needs_cuda_kernels
+def test_gpu_first_call_on_a_thread_without_a_context() -> None:
+    """A host thread can have no current CUDA context: torch's autograd device thread before its first kernel (torch
+    binds its device lazily) and any new thread. The Hopper GEMM and fold encode their TMA descriptors through the
+    driver before any runtime launch, which there failed with CUresult 201 (``TmaEncodeFailed``, seen from
+    scripts/bits_dump.py, where our dX GEMM was the backward thread's first kernel). As each thread's first CUDA
+    call, the forward, dX and dW fold run and give the bits they give on the main thread."""
+    ext, dev, stream = _hopper_ext_or_skip("the Hopper GEMM")
+    gen = torch.Generator().manual_seed(7)
+    m, n, k = 256, 1024, 512
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
+    w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(torch.bfloat16).cuda()
+    dy = torch.randn(m, n, generator=gen).to(torch.bfloat16).cuda()
+    plan = torch.arange(m, dtype=torch.int32, device="cuda")
+    y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    dx = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
+    g = torch.zeros(n, k, dtype=torch.float32, device="cuda")
+    calls = {
+        "forward": lambda: ext.gemm_nt(x.data_ptr(), w.data_ptr(), y.data_ptr(), m, n, k, k, k, n, dev, stream, 2),
+        "dX": lambda: ext.gemm_nn(dy.data_ptr(), w.data_ptr(), dx.data_ptr(), m, k, n, n, k, k, 0, dev, stream, 2),
+        "dW fold": lambda: ext.gemm_dw_fold(plan.data_ptr(), m // 64, 64, dy.data_ptr(), x.data_ptr(), g.data_ptr(),
+                                            m, n, k, n, k, k, dev, stream, 2),
+    }
+    outs = {"forward": y, "dX": dx, "dW fold": g}
+    bad = []
+    for name, call in calls.items():
+        outs[name].zero_()
+        call()
+        torch.cuda.synchronize()
+        main = outs[name].clone()
+        if name == "dW fold":
+            outs[name].zero_()  # the fold adds into its main grad
+        else:
+            outs[name].fill_(float("nan"))
+        torch.cuda.synchronize()
+        errors: list[BaseException] = []
+
+        def first_call(call=call, errors=errors) -> None:
+            try:
+                call()
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+
+        thread = threading.Thread(target=first_call)
+        thread.start()
+        thread.join()
+        torch.cuda.synchronize()
+        if errors:
+            bad.append(f"{name} on a new thread: {errors[0]}")
+        elif not bitwise_compare(outs[name], main).equal:
+            bad.append(f"{name} on a new thread: bits differ from the main thread's")
+    assert not bad, bad
 
 
 @pytest.mark.gpu
