@@ -12,7 +12,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -20,6 +20,9 @@ from rich.console import Console
 from gradsweep.errors import BadInput, one_line
 from gradsweep.resolve import DEFAULT_CELL_FN, DEFAULT_LOADER
 from gradsweep.sweep.tally import EXIT_FAIL, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from gradsweep.bench.suite import EnvTooLate
 
 EXIT_STALE = 4
 EXIT_VERDICT = 5
@@ -481,12 +484,15 @@ def bench(
     contract's judge); targets come from manifests/bench_targets.yaml. Exit 0 when it ran, targets met or not.
     """
     from gradsweep.bench.api import EXIT_NO_DEVICE, BenchOptions, NoDevice, run_bench
+    from gradsweep.bench.suite import EnvTooLate
     from gradsweep.report.bench import render_bench
 
     opts = BenchOptions(manifest=manifest, ops=op, families=family, out=out, key=key, chart=chart, quick=quick,
                         targets=targets, force=force, argv=list(sys.argv), backward_thread=backward_thread)
     try:
         outcome = run_bench(opts, say)
+    except EnvTooLate as exc:
+        _rerun_with(exc)
     except BadInput as exc:
         fail(exc)
     except NoDevice as exc:
@@ -498,6 +504,23 @@ def bench(
     say(f"evidence: {outcome.out}" + (f", chart: {outcome.chart}" if outcome.chart else "")
         + f"\nverify: {_verify_hint(outcome.out, key)}")
     raise typer.Exit(outcome.exit_code)
+
+
+_RERUN_MARK = "GRADSWEEP_BENCH_RERUN"
+
+
+def _rerun_with(exc: EnvTooLate) -> NoReturn:
+    """Run this same command once more in a fresh process with the profiles' env set from its start (Triton reads
+    its switches at import, which already happened here); a rerun that meets the same refusal fails with it."""
+    import subprocess
+
+    if os.environ.get(_RERUN_MARK) == "1" or "bench" not in sys.argv[1:]:  # not run as a command line
+        fail(exc)
+    sets = " ".join(f"{k}={v}" for k, v in exc.env.items())
+    say(f"re-running in a fresh process with {sets} set from its start (Triton reads it when it is imported)")
+    env = {**os.environ, **exc.env, _RERUN_MARK: "1"}
+    code = subprocess.call([sys.executable, "-m", "gradsweep.cli", *sys.argv[1:]], env=env)
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -42,13 +42,15 @@ class Selection:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def _profiles(manifest: Manifest, device: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """(family -> profile, profile -> blocked reason, env to apply) for the profiles this device can run."""
+def _profiles(manifest: Manifest, device: str, families: list[str] | None = None,
+              ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(family -> profile, profile -> blocked reason, env to apply) for the profiles this device can run, of the
+    wanted families only (an unwanted family's env is not applied)."""
     chosen: dict[str, str] = {}
     blocked: dict[str, str] = {}
     env: dict[str, str] = {}
     for name, prof in manifest.profiles.items():
-        if prof.family == "torch":
+        if prof.family == "torch" or (families and prof.family not in families):
             continue
         if prof.device not in (device, "auto"):
             blocked[name] = f"runs on {prof.device}, this run is on {device}"
@@ -98,7 +100,7 @@ def select(manifest: Manifest, ops: list[str] | None, families: list[str] | None
     """The run's cases and each case's families; unknown filter names are BadInput (exit 2)."""
     from gradsweep.ops.registry import get_op
 
-    chosen, blocked, env = _profiles(manifest, device)
+    chosen, blocked, env = _profiles(manifest, device, families)
     apply_env(env)
     check_requirements_here(manifest, chosen, blocked)
     declared = catalog(quick)
@@ -158,7 +160,34 @@ def normalised(case: Case) -> Case:
     return replace(case, shape=fill(case.shape), check_shape=fill(case.check_shape))
 
 
+class EnvTooLate(BadInput):
+    """The chosen profiles set a Triton switch that Triton has already read in this process.
+
+    Triton reads its switches (TRITON_INTERPRET above all) when a function is decorated, and its own library
+    functions are decorated when it is imported, which torch does on its own import: setting the switch later
+    leaves Triton half interpreted ("Cannot call @triton.jit'd outside of the scope of a kernel"). The bench is
+    one process, so it needs the switch from its start; the CLI re-runs itself once with ``env`` set.
+    """
+
+    def __init__(self, env: dict[str, str], late: dict[str, str]) -> None:
+        self.env = env
+        sets = " ".join(f"{k}={v}" for k, v in late.items())
+        super().__init__(f"the bench's profiles need {sets} from the start of the process (Triton reads it when it "
+                         f"is imported, and it was imported already): run `{sets} gradsweep bench ...`, or pick "
+                         "the families that need no switch with --family")
+
+
 def apply_env(env: dict[str, str]) -> None:
-    """Set the chosen profiles' environment before any kernel module is imported (the bench is one process)."""
+    """Set the chosen profiles' environment before any kernel module is imported (the bench is one process).
+
+    A Triton switch that differs from what Triton read at its import is refused (``EnvTooLate``) before
+    anything is set, never applied half way.
+    """
+    import sys
+
+    late = {k: v for k, v in env.items()
+            if k.startswith("TRITON_") and "triton" in sys.modules and os.environ.get(k) != v}
+    if late:
+        raise EnvTooLate(env, late)
     for key, value in env.items():
         os.environ[key] = value
