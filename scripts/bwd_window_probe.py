@@ -5,7 +5,7 @@ For each selected bench case (the steps ``gradsweep bench`` times, scripts/probe
 ``fwd_bwd`` step runs ``--steps`` times under torch's profiler with its backward marked on the host
 (``record_function("gs::bwd")`` opened at the step's first ``torch.autograd.backward`` call and closed when the
 step returns, so the folds' finish is inside). From the raw kineto events it takes every device event, finds the
-runtime or driver call that launched it (``linked_correlation_id`` -> ``correlation_id``) and puts it in the
+runtime or driver call that launched it (the two share ``correlation_id``) and puts it in the
 backward when that call started inside a mark. It prints per step: device busy time in all, in the backward, in
 the forward, unlinked (a device event whose launch the trace lacks: such a figure would be lost), and the bench's
 derived figure (the same step's busy time minus a profiled ``fwd_train`` round's). Diagnostics only.
@@ -75,7 +75,7 @@ def split_busy(prof) -> dict[str, float]:
             continue
         d = e.duration_ns()
         total += d
-        start = launches.get(e.linked_correlation_id())
+        start = launches.get(e.correlation_id())  # a device event carries its launch's id (torch 2.11)
         if start is None:
             lost += d
         elif any(a <= start <= b for a, b in marks):
