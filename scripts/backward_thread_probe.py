@@ -163,7 +163,7 @@ def profile_text(trace: Trace, top: int) -> str:
 
 def main() -> None:
     from scripts.host_probe import rotate
-    from scripts.probe_cases import case_steps, log_to, probe_parser
+    from scripts.probe_cases import log_to, probe_parser, training_steps
 
     ap = probe_parser(__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -172,12 +172,7 @@ def main() -> None:
     args = ap.parse_args()
     say = log_to(args.out, "backward_thread_probe.txt")
     device = torch.device("cuda")
-    for found in case_steps(args.manifest, args.op, args.case, device):
-        if isinstance(found, tuple):
-            say(f"{found[0].id}: not built: {found[1]!r}")
-            continue
-        if found.mode != "fwd_bwd":
-            continue
+    for found in training_steps(args.manifest, args.op, args.case, device, say):
         for name, ref in found.refs:
             step = rotate(ref.calls)
             with ref.context():

@@ -20,7 +20,7 @@ import statistics
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from scripts.probe_cases import case_steps, log_to, probe_parser
+from scripts.probe_cases import log_to, probe_parser, training_steps
 
 MARK = "gs::bwd"
 
@@ -108,12 +108,7 @@ def main() -> None:
     say = log_to(args.out, "bwd_window_probe.txt")
     device = torch.device("cuda")
     say(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    for item in case_steps(args.manifest, args.op, args.case, device):
-        if isinstance(item, tuple):
-            say(f"{item[0].id}: not built: {item[1]!r}")
-            continue
-        if item.mode != "fwd_bwd":
-            continue
+    for item in training_steps(args.manifest, args.op, args.case, device, say):
         for side, ref in item.refs:
             step = ref.calls[0]
             rows: dict[str, list[float]] = {"total": [], "bwd": [], "fwd": [], "lost": [], "derived": []}

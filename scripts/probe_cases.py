@@ -57,6 +57,17 @@ def case_steps(manifest: str, ops: Sequence[str], case_filters: Sequence[str],
         torch.cuda.empty_cache()
 
 
+def training_steps(manifest: str, ops: Sequence[str], case_filters: Sequence[str], device: torch.device,
+                   say: Callable[[str], None]) -> Iterator[CaseSteps]:
+    """``case_steps``' training-step cases (mode ``fwd_bwd``); a case whose steps could not be built is said and
+    skipped."""
+    for item in case_steps(manifest, ops, case_filters, device):
+        if isinstance(item, tuple):
+            say(f"{item[0].id}: not built: {item[1]!r}")
+        elif item.mode == "fwd_bwd":
+            yield item
+
+
 def log_to(out: Path, name: str) -> Callable[[str], None]:
     """A ``say(text)`` that prints a probe's line and appends it to ``out/name`` (made if missing), flushed at once:
     a device call cut by its time limit still brings back every line written so far."""
