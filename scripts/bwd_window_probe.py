@@ -2,100 +2,61 @@
 bench's derived ``bwd`` kernels-only figure (a difference of two profiled rounds, which moves ~10% between runs).
 
 For each selected bench case (the steps ``gradsweep bench`` times, scripts/probe_cases.py) and each side, the
-``fwd_bwd`` step runs ``--steps`` times under torch's profiler with its backward marked on the host
-(``record_function("gs::bwd")`` opened at the step's first ``torch.autograd.backward`` call and closed when the
-step returns, so the folds' finish is inside). From the raw kineto events it takes every device event, finds the
-runtime or driver call that launched it (the two share ``correlation_id``) and puts it in the
-backward when that call started inside a mark. It prints per step: device busy time in all, in the backward, in
-the forward, unlinked (a device event whose launch the trace lacks: such a figure would be lost), and the bench's
-derived figure (the same step's busy time minus a profiled ``fwd_train`` round's). Diagnostics only.
+``fwd_bwd`` step runs ``--steps`` times under torch's profiler inside ``backward_mark.marking()``, so the step
+marks its own backward (and its folds' finish) as the bench's profiled rounds do. The split is the bench's own
+``backward_mark.backward_spans``: every device event is linked to the runtime or driver call that launched it (the
+two share ``correlation_id``) and belongs to the backward when that call started inside a mark. It prints per step:
+device busy time in all, in the backward, in the forward, whether a round had an unlinked device event (no split
+then), and the bench's old derived figure (the same step's busy time minus a profiled ``fwd_train`` round's).
+Exits 1 when a round gave no split (the bench would then record no direct figure): the merge gate of
+``backward_mark``.
 
     PYTHONPATH=. python3 scripts/bwd_window_probe.py OUT --op det_gemm --case dw_t
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile
 
+from gradsweep.bench import backward_mark
+from gradsweep.bench.timing import device_activity, merged_busy_ns
 from scripts.probe_cases import log_to, probe_parser, training_steps
-
-MARK = "gs::bwd"
-
-
-class BackwardMark:
-    """Opens the mark at a step's first backward call; ``close()`` ends it (once per step)."""
-
-    def __init__(self) -> None:
-        self.open: record_function | None = None
-        self._orig = torch.autograd.backward
-
-    def __enter__(self) -> BackwardMark:
-        def backward(*args, **kwargs):
-            if self.open is None:
-                self.open = record_function(MARK)
-                self.open.__enter__()
-            return self._orig(*args, **kwargs)
-        torch.autograd.backward = backward
-        return self
-
-    def close(self) -> None:
-        if self.open is not None:
-            self.open.__exit__(None, None, None)
-            self.open = None
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-        torch.autograd.backward = self._orig
 
 
 def _kineto_events(prof) -> list:
     return list(prof.profiler.kineto_results.events())
 
 
-def _is_device(e) -> bool:
-    return str(e.device_type()).endswith("CUDA")
+def _is_work(e) -> bool:
+    return device_activity(e.name(), False)
 
 
 def split_busy(prof) -> dict[str, float]:
-    """Device ns in all / in the backward / in the forward / unlinked, from one profiled round."""
+    """Device ns in all / in the backward / in the forward, from one profiled round (the bench's own
+    ``backward_spans``); ``lost`` is 1 when a device event could not be linked to its launch (no split)."""
     events = _kineto_events(prof)
-    marks = [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == MARK]
-    # runtime / driver calls only (cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...): a torch op's own
-    # correlation id lives in another id space
-    launches = {e.correlation_id(): e.start_ns() for e in events
-                if not _is_device(e) and e.correlation_id() > 0 and e.name().startswith("cu")}
-    total = bwd = fwd = lost = 0
-    for e in events:
-        if not _is_device(e) or e.duration_ns() <= 0:
-            continue
-        if "annotation" in e.name().lower() or e.name() == MARK:
-            continue
-        d = e.duration_ns()
-        total += d
-        start = launches.get(e.correlation_id())  # a device event carries its launch's id (torch 2.11)
-        if start is None:
-            lost += d
-        elif any(a <= start <= b for a, b in marks):
-            bwd += d
-        else:
-            fwd += d
-    return {"total": total, "bwd": bwd, "fwd": fwd, "lost": lost, "marks": len(marks)}
+    total = merged_busy_ns([(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events
+                            if backward_mark.is_device(e) and e.name() != backward_mark.MARK and _is_work(e)])
+    linked = backward_mark.backward_spans(events, _is_work)
+    if linked is None:
+        return {"total": total, "bwd": float("nan"), "fwd": float("nan"), "lost": 1, "marks": 0}
+    marks, spans = linked
+    bwd = merged_busy_ns(spans)
+    return {"total": total, "bwd": bwd, "fwd": total - bwd, "lost": 0, "marks": marks}
 
 
-def _round(step, n: int, mark: BackwardMark | None) -> dict[str, float]:
+def _round(step, n: int, marked: bool) -> dict[str, float]:
     for _ in range(3):
         step()
-        if mark is not None:
-            mark.close()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            step()
-            if mark is not None:
-                mark.close()
+        with backward_mark.marking() if marked else contextlib.nullcontext():
+            for _ in range(n):
+                step()
         torch.cuda.synchronize()
     return split_busy(prof)
 
@@ -108,18 +69,22 @@ def main() -> None:
     say = log_to(args.out, "bwd_window_probe.txt")
     device = torch.device("cuda")
     say(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    failed = 0
     for item in training_steps(args.manifest, args.op, args.case, device, say):
         for side, ref in item.refs:
             step = ref.calls[0]
             rows: dict[str, list[float]] = {"total": [], "bwd": [], "fwd": [], "lost": [], "derived": []}
             with ref.context():
                 for _ in range(args.rounds):
-                    with BackwardMark() as mark:
-                        split = _round(step, args.steps, mark)
-                    if split["marks"] != args.steps:
-                        say(f"  {side}: {split['marks']} marks for {args.steps} steps")
+                    split = _round(step, args.steps, True)
+                    if split["lost"] or split["marks"] != args.steps:
+                        failed += 1
+                        say(f"  {side}: {split['marks']} marks for {args.steps} steps, unlinked: {split['lost']}")
                     fwd_only = _fwd_train_busy(item, side, args.steps)
-                    for k in ("total", "bwd", "fwd", "lost"):
+                    rows["lost"].append(split["lost"])
+                    if split["lost"]:
+                        continue
+                    for k in ("total", "bwd", "fwd"):
                         rows[k].append(split[k] / args.steps / 1e3)
                     if fwd_only is not None:
                         rows["derived"].append((split["total"] - fwd_only) / args.steps / 1e3)
@@ -127,9 +92,12 @@ def main() -> None:
             spread = {k: (max(v) - min(v)) / max(statistics.median(v), 1e-9) if v else float("nan")
                       for k, v in rows.items()}
             say(f"{item.case.id} [{side}] us/step: total {med['total']:.1f}, bwd (linked) {med['bwd']:.1f} "
-                f"(spread {spread['bwd']:.1%}), fwd (linked) {med['fwd']:.1f}, unlinked {med['lost']:.1f}; "
+                f"(spread {spread['bwd']:.1%}), fwd (linked) {med['fwd']:.1f}, "
+                f"rounds unlinked {sum(rows['lost']):.0f}; "
                 f"derived bwd (total - fwd_train round) {med['derived']:.1f} (spread {spread['derived']:.1%})")
         torch.cuda.empty_cache()
+    if failed:
+        raise SystemExit(f"{failed} rounds gave no backward split (a missing mark or an unlinked launch)")
 
 
 _FWD_STEPS: dict[tuple[str, str], object] = {}
@@ -147,7 +115,7 @@ def _fwd_train_busy(item, side: str, n: int) -> float | None:
             return None
         _FWD_STEPS[key] = OpStep(base.op, base.candidate, base.data, base.shape, base.lengths,
                                  [c.pieces for c in base.calls], "fwd_train", base.grads)
-    return _round(_FWD_STEPS[key], n, None)["total"]
+    return _round(_FWD_STEPS[key], n, False)["total"]
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def test_every_side_is_timed_under_the_chosen_engine_and_the_choice_is_signed(tm
     assert torch.autograd.is_multithreading_enabled()  # restored
     pred = read_bench(outcome.out)
     want = thread or "worker"
-    assert pred.runs[0].backward_thread == want and pred.schema_version == 3
+    assert pred.runs[0].backward_thread == want and pred.schema_version == 4
     words = "calling thread" if want == "caller" else "device thread (torch's default)"
     assert words in render_bench_markdown(pred) and words in readme_block(pred, "b.evidence.json")
 

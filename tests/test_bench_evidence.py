@@ -52,6 +52,9 @@ class PlantedTimer:
     def kernels(self, calls):
         return Timing.of([0.8 * self._ms(calls[0])], 1)
 
+    def backward_kernels(self):
+        return None  # the planted clock reads no backward inside a step: bwd rows are the step minus its forward
+
     def host(self, fn):
         fn()
         return Timing.of([0.02], 1)

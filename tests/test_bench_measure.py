@@ -79,6 +79,9 @@ def test_a_bwd_phase_samples_its_two_modes_in_the_same_rounds():
             self.kernel_order.append(calls[0].__name__)
             return _t(0.5 * calls[0]())
 
+        def backward_kernels(self):
+            return None
+
         def peak_extra_bytes(self, fn):
             return None
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gradsweep.bench.backward_mark import backward_section
 from gradsweep.bench.cases import Case
 from gradsweep.bench.data import OpData
 
@@ -78,7 +79,8 @@ def function_step(forward: Callable[[dict[str, torch.Tensor]], list[torch.Tensor
         with torch.set_grad_enabled(train):
             outs = forward(leaves)
             if mode == "fwd_bwd":
-                torch.autograd.backward(outs, upstream[: len(outs)])
+                with backward_section():
+                    torch.autograd.backward(outs, upstream[: len(outs)])
 
     return step
 

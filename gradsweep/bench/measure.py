@@ -19,7 +19,7 @@ from gradsweep.bench.cases import MEASURED, Case
 from gradsweep.bench.catalog import RUNNERS
 from gradsweep.bench.ceilings import Ceilings
 from gradsweep.bench.checks import contract_check
-from gradsweep.bench.metrics import family_metrics, settle
+from gradsweep.bench.metrics import BWD_IN_STEP, family_metrics, settle
 from gradsweep.bench.predicate import CaseRecord, CheckRecord, FamilyResult, ImplRecord, TargetResult
 from gradsweep.bench.subjects import OpSubject, Subject
 from gradsweep.bench.suite import HOST, Slot
@@ -92,6 +92,10 @@ def _measure_all(impls: list[_Impl], case: Case, timer: Timer) -> dict[str, Impl
             try:
                 with ref.context():
                     fig["kernels"][mode] = timer.kernels(ref.calls)
+                    if case.phase == "bwd" and mode == "fwd_bwd":
+                        direct = timer.backward_kernels()
+                        if direct is not None:
+                            fig["kernels"][BWD_IN_STEP] = direct
                     if case.memory and mode == modes[-1]:
                         fig["peak"] = timer.peak_extra_bytes(ref.calls[0])
             except Exception as exc:

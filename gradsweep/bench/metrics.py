@@ -12,8 +12,12 @@ from gradsweep.bench.timing import Timing
 GIB = float(2**30)
 
 
+BWD_IN_STEP = "bwd_in_step"  # the kernels figure of a bwd case read inside the training step (backward_mark)
+
+
 def phase_ms(phase: str, by_mode: dict[str, Timing | None]) -> float | None:
-    """The case's phase from its measured modes; ``bwd`` is the training step minus its forward."""
+    """The case's phase from its measured modes; ``bwd`` is the backward read inside the training step where the
+    timer could (``BWD_IN_STEP``, kernels only), else the training step minus its forward."""
     def med(mode: str) -> float | None:
         t = by_mode.get(mode)
         return None if t is None else t.median_ms
@@ -22,6 +26,8 @@ def phase_ms(phase: str, by_mode: dict[str, Timing | None]) -> float | None:
         return med("fwd")
     if phase == "fwd_bwd":
         return med("fwd_bwd")
+    if med(BWD_IN_STEP) is not None:
+        return med(BWD_IN_STEP)
     step, forward = med("fwd_bwd"), med("fwd_train")
     if step is None or forward is None:
         return None
@@ -41,6 +47,17 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def _kernels_alike(phase: str, mine: ImplRecord, ref: ImplRecord) -> tuple[float | None, float | None]:
+    """The two kernels-only phase figures read the same way: where only one side's backward was read inside its
+    step, both are taken as the step minus its forward (a ratio never mixes the two readings)."""
+    if (BWD_IN_STEP in mine.kernels) == (BWD_IN_STEP in ref.kernels):
+        return mine.kernels_ms, ref.kernels_ms
+
+    def derived(rec: ImplRecord) -> float | None:
+        return phase_ms(phase, {k: v for k, v in rec.kernels.items() if k != BWD_IN_STEP})
+    return derived(mine), derived(ref)
+
+
 def family_metrics(case: Case, mine: ImplRecord, references: dict[str, ImplRecord],
                    ceilings: Ceilings | None) -> dict[str, float]:
     """Every metric of ``case.metric_names()`` that this run measured for one family."""
@@ -54,7 +71,7 @@ def family_metrics(case: Case, mine: ImplRecord, references: dict[str, ImplRecor
         if ref is None or ref.status != "ok":
             continue
         out[f"e2e_vs_{name}"] = _ratio(mine.e2e_ms, ref.e2e_ms)
-        out[f"kernels_vs_{name}"] = _ratio(mine.kernels_ms, ref.kernels_ms)
+        out[f"kernels_vs_{name}"] = _ratio(*_kernels_alike(case.phase, mine, ref))
     out["e2e_vs_kernels"] = _ratio(mine.e2e_ms, mine.kernels_ms)
     out["host_vs_e2e"] = _ratio(mine.issue_ms, mine.e2e_ms)
     traffic, flops = case.traffic_bytes(), case.flop_count()

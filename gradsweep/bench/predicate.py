@@ -81,7 +81,10 @@ class ImplRecord(_Strict):
     status: Literal["ok", "absent", "not_applicable", "error"] = "ok"
     reason: str = ""
     e2e: dict[str, Timing] = Field(default_factory=dict, description="by measured mode: fwd, fwd_train, fwd_bwd")
-    kernels: dict[str, Timing | None] = Field(default_factory=dict)
+    kernels: dict[str, Timing | None] = Field(default_factory=dict, description=(
+        "by measured mode; a bwd case's fwd_bwd round also gives bwd_in_step (schema 4): the backward's device "
+        "time read inside the profiled steps (bench/backward_mark.py), which kernels_ms then is; without it, "
+        "kernels_ms is fwd_bwd - fwd_train"))
     host: Timing | None = None
     issue: dict[str, Timing] = Field(default_factory=dict, description=(
         "by measured mode: host time per call spent issuing the e2e samples' calls (no synchronisation inside "
@@ -162,8 +165,8 @@ class BenchVerdict(_Strict):
 
 
 class BenchPredicate(_Strict):
-    schema_version: Literal[1, 2, 3] = 3  # 2: host issue times (ImplRecord.issue, issue_ms; metric host_vs_e2e);
-    # 3: BenchRun.backward_thread
+    schema_version: Literal[1, 2, 3, 4] = 4  # 2: host issue times (ImplRecord.issue, issue_ms; metric host_vs_e2e);
+    # 3: BenchRun.backward_thread; 4: ImplRecord.kernels["bwd_in_step"] (a bwd case's backward read inside its step)
     generator: str
     manifest: ManifestRef
     contract: ContractRef

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gradsweep.bench.backward_mark import backward_section
 from gradsweep.bench.data import OpData
 from gradsweep.canonical import CanonicalFold, RowIdentity
 from gradsweep.layouts import Call, Segment, as_padded
@@ -163,16 +164,17 @@ class OpStep:
                 out = self.candidate.run(ctx)
                 results.append((call, out))
         if self.mode == "fwd_bwd":
-            for k in reversed(range(len(results))):
-                call, out = results[k]
-                tensors = [out.tensors[o.name] for o in self.op.outputs]
-                # several calls: a later call's graph can reach an earlier one's (keys through a cache), as in the
-                # harness; the graph is freed with the step either way
-                torch.autograd.backward(tensors, self._upstream_for(k, out.rows or call.rows),
-                                        retain_graph=len(results) > 1)
-            folded = self.candidate.folded_input_grads(state) if self.candidate.folded_input_grads else {}
-            for fold in folds.values():
-                fold.finish()
+            with backward_section():  # the backward and the folds' finish, marked in profiled rounds
+                for k in reversed(range(len(results))):
+                    call, out = results[k]
+                    tensors = [out.tensors[o.name] for o in self.op.outputs]
+                    # several calls: a later call's graph can reach an earlier one's (keys through a cache), as in
+                    # the harness; the graph is freed with the step either way
+                    torch.autograd.backward(tensors, self._upstream_for(k, out.rows or call.rows),
+                                            retain_graph=len(results) > 1)
+                folded = self.candidate.folded_input_grads(state) if self.candidate.folded_input_grads else {}
+                for fold in folds.values():
+                    fold.finish()
         else:
             folded = {}
         self.last = {"results": results, "folds": folds, "folded": folded} if keep else None

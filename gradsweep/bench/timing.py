@@ -18,6 +18,10 @@
   device then reads the kernels of a boosted device (the CUDA dW step at T = 16384: 1.45 ms of kernels from
   idle, 1.70 ms after 300 ms of steps, 1.83 ms per step end to end; cuBLAS's 1.34 / 1.60 / 1.60 ms;
   notes/kernels_cuda.md). Without it ``e2e / kernels`` charged the clock drop to the host.
+- **the backward inside the step** (``backward_kernels``): the same profiled rounds also mark each step's backward
+  on the host (``backward_mark``) and sum the device work launched inside the marks, so a ``bwd`` case's
+  kernels-only figure is read in the training step itself instead of as the step minus a separately profiled
+  forward round (which moved ~10% between runs).
 - **peak extra memory**: the allocator's peak during one call above what was allocated before it.
 - **round robin** (``e2e_rounds``): the end-to-end samples of a case's implementations (the stock path, the
   anchors, every family) are taken in turn, sample 1 of each, then sample 2 of each, ...: a host whose speed
@@ -49,6 +53,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+from gradsweep.bench.backward_mark import backward_spans, marking
 
 Fn = Callable[[], object]
 T = TypeVar("T")
@@ -134,6 +140,11 @@ class Timer(Protocol):
 
     def kernels(self, calls: Sequence[Fn]) -> Timing | None: ...
 
+    def backward_kernels(self) -> Timing | None:
+        """The backward's device time per call, read inside the last ``kernels`` round's steps (``backward_mark``);
+        None where not every step marked its backward once or a device event could not be linked to its launch."""
+        ...
+
     def host(self, fn: Fn) -> Timing: ...
 
     def peak_extra_bytes(self, fn: Fn) -> int | None: ...
@@ -183,6 +194,21 @@ def merged_busy_ns(intervals: Sequence[tuple[int, int]]) -> int:
     if cur_end is not None:
         total += cur_end - cur_start
     return total
+
+
+def _in_step_backward(prof, n: int, so_far: list[float] | None) -> list[float] | None:
+    """``so_far`` plus this round's backward ms per call, read inside the steps (``backward_mark``); None once a
+    round lacks a mark per call (a step without a backward, a reference that draws none) or an unlinked launch."""
+    if so_far is None:
+        return None
+    try:
+        events = list(prof.profiler.kineto_results.events())
+    except AttributeError:  # a profiler without raw events: no direct figure
+        return None
+    got = backward_spans(events, lambda e: device_activity(e.name(), False))
+    if got is None or got[0] != n:
+        return None
+    return [*so_far, merged_busy_ns(got[1]) / 1e6 / n]
 
 
 def _host_timing(fn: Fn, budget: Budget, warm: bool = True) -> Timing:
@@ -243,6 +269,9 @@ class HostTimer:
     def kernels(self, calls: Sequence[Fn]) -> Timing | None:
         return None
 
+    def backward_kernels(self) -> Timing | None:
+        return None
+
     def host(self, fn: Fn) -> Timing:
         return _host_timing(fn, self.budget)
 
@@ -264,6 +293,7 @@ class CudaTimer:
         self.torch = torch
         self.budget = budget or Budget()
         self._cursor = 0
+        self._backward: Timing | None = None
 
     def _sync(self) -> None:
         self.torch.cuda.synchronize()
@@ -363,19 +393,26 @@ class CudaTimer:
         from torch.profiler import ProfilerActivity, profile
 
         n = max(len(calls), self.budget.kernel_calls)
-        per = []
+        per: list[float] = []
+        backward: list[float] | None = []
         for _ in range(self.budget.kernel_rounds):
             self._heat(calls)
             self._sync()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with marking(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for i in range(n):
                     calls[i % len(calls)]()
                 self._sync()
             busy = merged_busy_ns(device_spans(prof, DeviceType.CUDA))
             if busy <= 0:
+                self._backward = None
                 return None  # the profiler saw no device activity (CUPTI unavailable): no figure, never a guess
             per.append(busy / 1e6 / n)
+            backward = _in_step_backward(prof, n, backward)
+        self._backward = None if not backward else Timing.of(backward, n)
         return Timing.of(per, n)
+
+    def backward_kernels(self) -> Timing | None:
+        return self._backward
 
     def _heat(self, calls: Sequence[Fn]) -> None:
         """The calls back to back for ``Budget.kernel_heat_ms`` of host time (not timed; see the module doc)."""
