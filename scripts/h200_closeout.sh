@@ -16,7 +16,8 @@
 #      (allocator events, synchronising calls, cProfile; OUT's state gets host_audit/). Where --cell-profile stands,
 #      scripts/cell_profile.py says where the release sweep's slowest cells spend their time (the chain's first cell
 #      and decode, per GPU profile; unsigned; OUT's state gets cell_profile/).
-# A step that cannot finish before the deadline is cut by `timeout`: a cut sweep keeps its partial log for
+# A bench or drift step starts only with the time it took last time left (NEEDS below), else a later, shorter one
+# may run. A step that cannot finish before the deadline is cut by `timeout`: a cut sweep keeps its partial log for
 # the next call; a cut bench or drift leaves nothing and runs again next call.
 # Usage (repo root, on the GPU machine):
 #   bash scripts/h200_closeout.sh STATE OUT KEY [--deadline S] [--sweep-shards N] [--bench-ops "OP OP ..."]... [--drift]
@@ -55,6 +56,16 @@ mkdir -p "$state" "$out" out
 cp -a "$state"/. "$new"/ 2>/dev/null
 rm -f "$new/triton-cache.tar.gz"  # travels beside the state, not inside it
 note() { echo "$*" | tee -a "$new/summary.txt"; }
+# What each step took in the last full re-sign (thirty-eighth session, one H100), plus ~15%: a step starts only with
+# that much left, so a call does not spend its end on a step that cannot finish there (that session's first call cut
+# attention after 66 s, and the step ran again in full in the next call); a later, shorter step may still fit.
+# Steps not listed start with the floor their branch gives (45-60 s). CLOSEOUT_NEEDS="GROUP=S;..." overrides.
+declare -A NEEDS=([attention]=85 [det_gemm]=137 [chain]=76 ["rms_norm qk_norm rope silu swiglu embedding"]=70
+  ["logp linear_logp fold_plan"]=237 [drift]=75 ["caller:rms_norm qk_norm rope silu swiglu embedding"]=68
+  ["caller:det_gemm"]=139)
+IFS=';' read -ra _needs <<< "${CLOSEOUT_NEEDS:-}"
+for _n in "${_needs[@]}"; do [ -n "$_n" ] && NEEDS["${_n%=*}"]=${_n##*=}; done
+needs() { local n=${NEEDS[$1]:-$2}; [ "$n" -lt "$2" ] && n=$2; echo "$n"; }  # (never below the branch's floor)
 # OUT holds the state after every finished step, not only at the end: a call killed past its device limit (the
 # limit can be shorter than asked when a cold start ate the session's device time) still returns what it finished.
 save() {
@@ -220,7 +231,9 @@ if [ -f "$new/h200.evidence.json" ]; then
     if [ "$group" = drift ]; then
       if [ -f "$new/drift/drift.evidence.json" ]; then continue; fi
       budget=$(( $(left) - 10 ))
-      if [ "$budget" -lt 60 ]; then note "drift not started: $budget s left"; continue; fi
+      if [ "$budget" -lt "$(needs drift 60)" ]; then
+        note "drift not started: $budget s left (needs ~$(needs drift 60) s)"; continue
+      fi
       t0=$(date +%s)
       timeout "$budget" python3 bench/bench_drift.py out/drift --key "$key" --manifest manifests/h200.yaml \
         > "$logs/drift.log" 2>&1
@@ -240,7 +253,9 @@ if [ -f "$new/h200.evidence.json" ]; then
     name=h200.bench-$(echo "$ops_text" | tr ' ' '-')$suffix
     if [ -f "$new/$name.evidence.json" ]; then continue; fi
     budget=$(( $(left) - 10 ))
-    if [ "$budget" -lt 45 ]; then note "bench [$group] not started: $budget s left"; continue; fi
+    if [ "$budget" -lt "$(needs "$group" 45)" ]; then
+      note "bench [$group] not started: $budget s left (needs ~$(needs "$group" 45) s)"; continue
+    fi
     ops=(); for op in $ops_text; do ops+=(--op "$op"); done
     [ ${#thread[@]} -gt 0 ] || thread=("${bench_extra[@]}")
     t0=$(date +%s)
