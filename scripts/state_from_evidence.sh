@@ -1,20 +1,39 @@
 #!/usr/bin/env bash
-# A closeout STATE folder rebuilt from the committed evidence, for when .devtmp/ did not survive: the signed files
-# of evidence/ that are fresh for this checkout go in under the names h200_closeout.sh gives them, so a closeout
-# call on it skips the sweep and every bench group (and drift) already signed for this tree, and runs the rest.
-# The py3.12 `_C` / `_fold_plan` the evidence pins must be given (built from this tree with the reproducible
-# setup.py: the closeout refuses nothing, but a state whose builds differ from the sweep's would sign bench files
-# against other bytes than the sweep's, so their hashes are checked here against the sweep's provenance).
-#   bash scripts/state_from_evidence.sh .devtmp/stateN BUILD_DIR   (BUILD_DIR holding the two py3.12 .so files)
+# A closeout STATE folder rebuilt from committed signed files, for when .devtmp/ did not survive: the signed files of
+# evidence/ that are fresh for this checkout go in under the names h200_closeout.sh gives them, so a closeout call on
+# it skips the sweep and every bench group (and drift) already signed for this tree, and runs the rest. With PARKED
+# (a folder scripts/park_resign.sh wrote: a re-sign that one session could not finish), its fresh files are taken
+# first, and its partial sweep log(s) too (the sweep resumes them: their header pins the tree, the builds and the GPU
+# model, so a log from another tree, build or card is refused by the sweep itself).
+# The py3.12 `_C` / `_fold_plan` the files pin must be given (built from this tree with the reproducible setup.py:
+# the closeout refuses nothing, but a state whose builds differ from the sweep's would sign bench files against
+# other bytes than the sweep's, so their hashes are checked here against the sweep's provenance, else the partial
+# log's header).
+#   [PARKED=notes/wip/resign] bash scripts/state_from_evidence.sh .devtmp/stateN BUILD_DIR   (BUILD_DIR: the two .so)
 set -euo pipefail
 d=${1:?STATE folder to create}; build=${2:?folder with the py3.12 _C and _fold_plan builds}
+parked=${PARKED:-}
 [ -e "$d" ] && { echo "$d exists: give a fresh folder" >&2; exit 2; }
+[ -z "$parked" ] || [ -d "$parked" ] || { echo "PARKED=$parked is not a folder" >&2; exit 2; }
 fresh() { python3 -m gradsweep.cli verify "$1" --allow-other-build > /dev/null 2>&1; }
-want() {  # the sha256 prefix the sweep's provenance pins for a build ("extension" or "planner")
-  python3 - "$1" <<'PY'
-import base64, json, sys
-p = json.loads(base64.b64decode(json.load(open("evidence/h200.evidence.json"))["payload"]))["predicate"]
-print((p[sys.argv[1]] or {}).get("sha256", ""))
+# the sweep evidence the builds are checked against: the parked one where fresh, else the committed one
+sweep=evidence/h200.evidence.json
+if [ -n "$parked" ] && [ -f "$parked/h200.evidence.json" ] && fresh "$parked/h200.evidence.json"; then
+  sweep=$parked/h200.evidence.json
+fi
+want() {  # the sha256 a build must have ("extension" or "planner"): the fresh sweep's provenance, else a parked
+  # partial log's header, else the committed sweep's provenance
+  python3 - "$1" "$sweep" "$parked" <<'PY'
+import base64, json, pathlib, subprocess, sys
+kind, sweep, parked = sys.argv[1:]
+fresh = subprocess.run([sys.executable, "-m", "gradsweep.cli", "verify", sweep, "--allow-other-build"],
+                       capture_output=True).returncode == 0
+log = pathlib.Path(parked or ".", "h200.evidence.json.partial.jsonl")
+if not fresh and parked and log.is_file():
+    print(json.loads(log.read_text().splitlines()[0])["header"].get(f"{kind}_sha256") or "")
+else:
+    p = json.loads(base64.b64decode(json.load(open(sweep))["payload"]))["predicate"]
+    print((p[kind] or {}).get("sha256", ""))
 PY
 }
 mkdir -p "$d"
@@ -24,16 +43,32 @@ for kind in extension:_C planner:_fold_plan; do
   if [ "$have" != "$pinned" ]; then echo "$so is ${have:0:12}, the evidence pins ${pinned:0:12}" >&2; rm -rf "$d"; exit 1; fi
   cp "$so" "$d"/
 done
-if fresh evidence/h200.evidence.json; then
-  cp evidence/h200.evidence.json evidence/h200.test-result.json evidence/h200.md evidence/h200.table.txt "$d"/
-  echo "sweep: fresh, taken as done"
+take() {  # take FILE DIR...: the first DIR whose FILE (a signed file) is fresh
+  local file=$1; shift
+  for dir in "$@"; do
+    [ -n "$dir" ] && [ -f "$dir/$file" ] && fresh "$dir/$file" || continue
+    echo "$dir"; return 0
+  done
+  return 1
+}
+if src=$(take h200.evidence.json ${parked:+"$parked"} evidence); then
+  for f in h200.evidence.json h200.test-result.json h200.md h200.table.txt; do
+    [ -f "$src/$f" ] && cp "$src/$f" "$d"/
+  done
+  echo "sweep: fresh in $src, taken as done"
+elif [ -n "$parked" ] && [ -f "$parked/h200.evidence.json.partial.jsonl" ]; then
+  cp "$parked"/h200*.partial.jsonl "$d"/
+  echo "sweep: $(( $(wc -l < "$parked/h200.evidence.json.partial.jsonl") - 1 )) cell(s) parked, the closeout resumes"
 else
   echo "sweep: stale, the closeout will run it"
 fi
-for f in evidence/bench/h200.bench-*.evidence.json; do
-  name=$(basename "$f" .evidence.json)
-  if fresh "$f"; then cp "evidence/bench/$name".{evidence.json,md,png} "$d"/ && echo "$name: fresh, taken as done"
+names=$(for f in ${parked:+"$parked"/h200.bench-*.evidence.json} evidence/bench/h200.bench-*.evidence.json; do
+  [ -f "$f" ] && basename "$f" .evidence.json; done | sort -u)
+for name in $names; do
+  if src=$(take "$name.evidence.json" ${parked:+"$parked"} evidence/bench); then
+    cp "$src/$name".{evidence.json,md,png} "$d"/ && echo "$name: fresh in $src, taken as done"
   else echo "$name: stale, the closeout will run it"; fi
 done
-if fresh evidence/drift/drift.evidence.json; then mkdir -p "$d/drift" && cp -a evidence/drift/. "$d/drift"/ && echo "drift: fresh"
+if src=$(take drift.evidence.json ${parked:+"$parked/drift"} evidence/drift); then
+  mkdir -p "$d/drift" && cp -a "$src"/. "$d/drift"/ && echo "drift: fresh in $src"
 else echo "drift: stale, the closeout will run it"; fi

@@ -33,6 +33,13 @@ def _log_call(key: CellKey, manifest: Any) -> None:
             os.fsync(fh.fileno())
 
 
+def _accuracy_error(key: CellKey) -> float:
+    """The recorded error of the cell's tensor: 1e-3, or what $FAKE_ACCURACY_ERROR ("op:value,...") gives its op
+    (a moved output, for tests that compare evidence files)."""
+    planted = dict(item.split(":") for item in os.environ.get("FAKE_ACCURACY_ERROR", "").split(",") if item)
+    return float(planted.get(key.op, 1e-3))
+
+
 def cell(manifest: Any, key: CellKey) -> Any:
     _log_call(key, manifest)
     if os.environ.get("GRADSWEEP_FAKE_PROFILE") not in (None, key.profile):
@@ -54,7 +61,8 @@ def cell(manifest: Any, key: CellKey) -> Any:
         return {"status": "green"}
     metric = TensorMetrics(name="dx", kind="gradient", invariance_check="bn_full vs " + key.layout,
                            bitwise_equal=what != "red", mismatched_elements=3 if what == "red" else 0,
-                           max_abs=float("inf") if what == "red" else 0.0, max_rel=float("nan"))
+                           max_abs=float("inf") if what == "red" else 0.0, max_rel=float("nan"),
+                           accuracy_error=_accuracy_error(key))
     return CellResult(key=key, status=_STATUS[what], reason="" if what == "green" else f"planted {what}",
                       candidate="fake", first_failure="dx: bitwise" if what == "red" else None,
                       tensors=[metric], shape={"T": 8})
