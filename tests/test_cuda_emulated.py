@@ -6,7 +6,8 @@ modules and the public kernel check: every layout bitwise invariant and accurate
 FP32-class), kernel-level bitwise equalities (wide vs narrow programs, chunks, decode, a sample alone), bf16
 operands missing the FP32-class rule, and a planted kernel bug (a partly visible key block run without its mask)
 going red; rms_norm / qk_norm on every layout through both row paths (one warp per row for hidden <= 256, one
-block per row above), the two paths bit for bit on the same rows, and a planted reduction order going red. The
+block per row above), the two paths bit for bit on the same rows, and a planted reduction order going red; the
+portable GEMMs and the dW fold (det_gemm on every layout), and a planted fold tile order going red. The
 emulation's rounding is not the H200's: the GPU tests (tests/test_cuda_attention.py, -m gpu)
 check the hardware's own bits. Skipped where g++ (C++20) or the CUDA headers are missing.
 """
@@ -18,6 +19,7 @@ import torch
 
 from gradsweep.cuda_kernels import attention as attn
 from gradsweep.harness.kernel_check import check_kernel
+from gradsweep.results import Status
 from tests import test_cuda_attention as cuda_attention_tests
 from tests import test_cuda_ops as cuda_ops_tests
 from tests.cuda_emu import build
@@ -127,3 +129,19 @@ def test_a_planted_warp_reduction_order_goes_red(tmp_path) -> None:
              "  return __fadd_rn(v, 0.0f);")
     bad = _row_paths_differences(build.load(build.build(tmp_path, plant=plant)))
     assert any("rstd" in b for b in bad) and any(" dx" in b for b in bad), bad
+
+
+def test_det_gemm_every_layout(kernels) -> None:
+    """The portable GEMMs (mma.sync: forward, dX) and the canonical dW fold on every layout of the kernel check."""
+    report = check_kernel("det_gemm", "cuda.det_gemm")
+    assert report.ok, report.first_failure
+
+
+def test_a_fold_that_drops_a_calls_last_tile_goes_red(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted in gemm.cu: the dW fold's token range one canonical tile short, so each call's last tile is never
+    folded: a layout whose calls end their tiles elsewhere than the whole batch's (chunked) gets another dW."""
+    plant = ("gemm", "const GemmArgs g{yp, ldy, xp, ldx, N, K, T, reinterpret_cast<const int32_t*>(plan)",
+             "const GemmArgs g{yp, ldy, xp, ldx, N, K, T - tile, reinterpret_cast<const int32_t*>(plan)")
+    build.install(monkeypatch, build.load(build.build(tmp_path, plant=plant)))
+    report = check_kernel("det_gemm", "cuda.det_gemm", layouts=["bn_full", "bn_chunked"])
+    assert report.cells["bn_chunked"].status == Status.RED_VERDICT, report.cells["bn_chunked"].first_failure

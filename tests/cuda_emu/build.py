@@ -1,5 +1,5 @@
-"""Build the CUDA attention, RL and row-norm (rms_norm, qk_norm) kernels of csrc/ for the host (a CPU emulation) and
-load them as a stand-in of gradsweep._C.
+"""Build the CUDA attention, RL, row-norm (rms_norm, qk_norm) and portable GEMM (mma.sync: gemm_nt, gemm_nn, the dW
+fold) kernels of csrc/ for the host (a CPU emulation) and load them as a stand-in of gradsweep._C.
 
 Why: the kernels only run on the lent GPU, yet most of what can go wrong in them (fragment addressing, masks,
 the block and tile loops, the fold's bounds, the host launchers' grids and parameters) is plain arithmetic that a
@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 HERE = Path(__file__).resolve().parent
-KERNELS = ("attention_fwd", "attention_dq", "attention_dkdv", "rl", "rms_norm", "qk_norm")
+KERNELS = ("attention_fwd", "attention_dq", "attention_dkdv", "rl", "rms_norm", "qk_norm", "gemm")
 
 
 def cuda_include() -> Path | None:
@@ -78,7 +78,9 @@ def _host_kernel_source(src: str) -> str:
     return re.sub(r"([\w:<>, ]+?)<<<(.+?), (.+?), (.+?), (.+?)>>>\(", r"emu_launch(\1, \2, \3, \4, ", src, flags=re.S)
 
 
-_WRAP = """#include <cstdint>
+_WRAP = """#include <cuda_runtime.h>
+
+#include <cstdint>
 #include "attention.h"
 #include "gradsweep.h"
 #include "rl.h"
@@ -97,12 +99,27 @@ int emu_fold_tiles(U part, int64_t n, U grad, int64_t cols) { return gs::fold_ti
 int emu_qk_norm_dw_tiles(U plan, int64_t n, int64_t tile, U dy, U x, U r, U part, int64_t heads, int64_t d) {
   return gs::qk_norm_dw_tiles(plan, n, tile, dy, x, r, part, heads, d, 0, 0);
 }
+int emu_gemm_nt(U a, U b, U c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
+  return gs::gemm_nt(a, b, c, M, N, K, lda, ldb, ldc, 0, 0, gs::kGemmPortable);
+}
+int emu_gemm_nn(U a, U b, U c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, int out) {
+  return gs::gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, out, 0, 0, gs::kGemmPortable);
+}
+int emu_gemm_dw_fold(U plan, int64_t n, int64_t tile, U dy, U x, U g, int64_t rows, int64_t N, int64_t K,
+                     int64_t ldy, int64_t ldx, int64_t ldg) {
+  return gs::gemm_dw_fold(plan, n, tile, dy, x, g, rows, N, K, ldy, ldx, ldg, 0, 0, gs::kGemmPortable);
+}
 int64_t emu_attn_rows(int narrow, int dq) { return gs::attn_rows(narrow != 0, dq != 0); }
 int64_t emu_attn_fold_keys() { return gs::attn_fold_keys(); }
 int64_t emu_attn_fold_tile() { return gs::attn_fold_tile(); }
 int64_t emu_attn_block_n() { return gs::attn_block_n(); }
 int64_t emu_attn_max_head_dim() { return gs::attn_max_head_dim(); }
 int64_t emu_rl_seq_threads() { return gs::kRlSeqThreads; }
+// no device here: the Hopper check (hopper_gemm) asks for an attribute, and the portable path is forced anyway
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
+  *value = 0;
+  return cudaErrorNoDevice;
+}
 int emu_attn_fwd(U q, U k, U v, U o, U lse, U w, int64_t nw, U nr, int64_t nn, int64_t pack, int64_t HQ, int64_t HKV,
                  int64_t D, int64_t T, float s) {
   return gs::attn_fwd(q, k, v, o, lse, w, nw, nr, nn, pack, HQ, HKV, D, T, s, 0, 0);
@@ -160,6 +177,8 @@ def build(out: Path, plant: tuple[str, str, str] | None = None) -> Path:
         mma = _drop_function(mma, sig)
     mma = mma.replace('#include "common.cuh"', '#include "common.cuh"\n#include "emu_mma.h"')
     (src / "mma_gemm.cuh").write_text(mma)
+    # the portable GEMMs' kernel and launch live in a header: rewritten as the kernel sources are
+    (src / "gemm_epilogue.cuh").write_text(_host_kernel_source((CSRC / "gemm_epilogue.cuh").read_text()))
     att = _drop_function((CSRC / "attention.cuh").read_text(), "void cp_async4(")
     att = att.replace("namespace attn {\n", "namespace attn {\n"
                       "inline void cp_async4(void* d, const void* s) { std::memcpy(d, s, 4); }\n", 1)
@@ -212,6 +231,8 @@ def load(lib: Path) -> SimpleNamespace:
         "rl_seq_sum": [U] * 7 + [L, N], "rl_dpo": [U] * 5 + [L, L, F, N],
         "rms_norm_dw_tiles": [U, L, L, U, U, U, U, L], "fold_tiles": [U, L, U, L],
         "qk_norm_dw_tiles": [U, L, L, U, U, U, U, L, L],
+        "gemm_nt": [U, U, U, L, L, L, L, L, L], "gemm_nn": [U, U, U, L, L, L, L, L, L, N],
+        "gemm_dw_fold": [U, L, L, U, U, U, L, L, L, L, L, L],
     }
     ns = SimpleNamespace()
     for name, argtypes in sigs.items():
