@@ -7,7 +7,9 @@ FP32-class), kernel-level bitwise equalities (wide vs narrow programs, chunks, d
 operands missing the FP32-class rule, and a planted kernel bug (a partly visible key block run without its mask)
 going red; rms_norm / qk_norm on every layout through both row paths (one warp per row for hidden <= 256, one
 block per row above), the two paths bit for bit on the same rows, and a planted reduction order going red; the
-portable GEMMs and the dW fold (det_gemm on every layout), and a planted fold tile order going red. The
+portable GEMMs and the dW fold (det_gemm on every layout), and a planted fold tile order going red; SiLU, SwiGLU,
+RoPE, embedding, pack, logp, batch-invariant logp, lm_head and linear_logp (its mma.sync kernels) on every layout,
+and a planted batch-size-dependent logp going red. The
 emulation's rounding is not the H200's: the GPU tests (tests/test_cuda_attention.py, -m gpu)
 check the hardware's own bits. Skipped where g++ (C++20) or the CUDA headers are missing.
 """
@@ -145,3 +147,26 @@ def test_a_fold_that_drops_a_calls_last_tile_goes_red(tmp_path, monkeypatch: pyt
     build.install(monkeypatch, build.load(build.build(tmp_path, plant=plant)))
     report = check_kernel("det_gemm", "cuda.det_gemm", layouts=["bn_full", "bn_chunked"])
     assert report.cells["bn_chunked"].status == Status.RED_VERDICT, report.cells["bn_chunked"].first_failure
+
+
+# (op, lengths): the vocabulary ops with fewer tokens (a 512-thread CTA per row is slow to emulate)
+OTHER_OPS = [("silu", None), ("swiglu", None), ("rope", None), ("embedding", None), ("pack", None),
+             ("logp", [9, 3, 1]), ("batch_invariant_logp", [9, 3, 1]), ("lm_head", [9, 3, 1]),
+             ("linear_logp", [9, 3, 1])]
+
+
+@pytest.mark.parametrize(("op", "lengths"), OTHER_OPS)
+def test_other_ops_every_layout(kernels, op: str, lengths) -> None:
+    """The rest of the CUDA family (the Hopper GEMMs aside) through its kernels' own sources on every layout."""
+    report = check_kernel(op, f"cuda.{op}", lengths=lengths)
+    assert report.ok, report.first_failure
+
+
+def test_a_batch_size_dependent_logp_goes_red(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted in logp.cu: calls of more than 5 rows leave the vocabulary's last column out of the forward (an
+    arithmetic that follows the batch): the layouts whose calls are small no longer match the full batch."""
+    plant = ("logp", "reinterpret_cast<float*>(out), reinterpret_cast<float*>(lse), V, ld);",
+             "reinterpret_cast<float*>(out), reinterpret_cast<float*>(lse), V - (R > 5 ? 1 : 0), ld);")
+    build.install(monkeypatch, build.load(build.build(tmp_path, plant=plant)))
+    report = check_kernel("logp", "cuda.logp", lengths=[9, 3, 1], layouts=["bn_full", "b1_singleton"])
+    assert report.cells["b1_singleton"].status == Status.RED_VERDICT, report.cells["b1_singleton"].first_failure

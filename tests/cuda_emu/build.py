@@ -1,5 +1,5 @@
-"""Build the CUDA attention, RL, row-norm (rms_norm, qk_norm) and portable GEMM (mma.sync: gemm_nt, gemm_nn, the dW
-fold) kernels of csrc/ for the host (a CPU emulation) and load them as a stand-in of gradsweep._C.
+"""Build the CUDA kernels of csrc/ (all but the Hopper ones: attention, RL, row norms, the portable GEMMs and dW fold,
+pointwise, gather, logp, linear_logp) for the host (a CPU emulation) and load them as a stand-in of gradsweep._C.
 
 Why: the kernels only run on the lent GPU, yet most of what can go wrong in them (fragment addressing, masks,
 the block and tile loops, the fold's bounds, the host launchers' grids and parameters) is plain arithmetic that a
@@ -24,7 +24,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 HERE = Path(__file__).resolve().parent
-KERNELS = ("attention_fwd", "attention_dq", "attention_dkdv", "rl", "rms_norm", "qk_norm", "gemm")
+KERNELS = ("attention_fwd", "attention_dq", "attention_dkdv", "rl", "rms_norm", "qk_norm", "gemm", "pointwise",
+           "gather", "logp", "linear_logp")
 
 
 def cuda_include() -> Path | None:
@@ -67,10 +68,19 @@ def _drop_function(src: str, signature: str) -> str:
         k += 1
 
 
+def _static_shared(m: re.Match) -> str:
+    """``__shared__ T a[n], b[m];`` as CTA-wide buffers of the emulation (emu.h, EmuCta::static_shared)."""
+    decls = re.findall(r"(\w+)\[([^\]]+)\]", m.group(2))
+    return " ".join(f'{m.group(1)}* {name} = emu_cta->static_shared<{m.group(1)}>("{name}", {size});'
+                    for name, size in decls)
+
+
 def _host_kernel_source(src: str) -> str:
     src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];",
                       "unsigned char* smem_raw = emu_cta->shared();")
     src = re.sub(r"__shared__ float red\[[^\]]*\];", "float* red = reinterpret_cast<float*>(emu_cta->shared());", src)
+    src = re.sub(r"extern __shared__ (\w+) (\w+)\[\];", r"\1* \2 = reinterpret_cast<\1*>(emu_cta->shared());", src)
+    src = re.sub(r"__shared__ (\w+) ([^;]+);", _static_shared, src)
     src = re.sub(r"\n\s*DeviceGuard guard\(device\);", "\n  (void)device;", src)
     src = re.sub(r"\n\s*GS_TRY\(guard.status\(\)\);", "", src)
     src = re.sub(r"\n\s*GS_TRY\(dynamic_smem_once<[^;]*;", "", src)
@@ -109,6 +119,37 @@ int emu_gemm_dw_fold(U plan, int64_t n, int64_t tile, U dy, U x, U g, int64_t ro
                      int64_t ldy, int64_t ldx, int64_t ldg) {
   return gs::gemm_dw_fold(plan, n, tile, dy, x, g, rows, N, K, ldy, ldx, ldg, 0, 0, gs::kGemmPortable);
 }
+int emu_silu_fwd(U x, U y, int64_t n) { return gs::silu_fwd(x, y, n, 0, 0); }
+int emu_silu_bwd(U x, U dy, U dx, int64_t n) { return gs::silu_bwd(x, dy, dx, n, 0, 0); }
+int emu_swiglu_fwd(U g, U u, U y, int64_t n) { return gs::swiglu_fwd(g, u, y, n, 0, 0); }
+int emu_swiglu_bwd(U g, U u, U dy, U dg, U du, int64_t n) { return gs::swiglu_bwd(g, u, dy, dg, du, n, 0, 0); }
+int emu_rope(U x, U pos, U y, int64_t rows, int64_t heads, int64_t d, float theta, int inverse) {
+  return gs::rope(x, pos, y, rows, heads, d, theta, inverse != 0, 0, 0);
+}
+int emu_embedding_fwd(U ids, U w, U y, int64_t rows, int64_t V, int64_t H) {
+  return gs::embedding_fwd(ids, w, y, rows, V, H, 0, 0);
+}
+int emu_embedding_fold(U sorted, U src, int64_t n, U dy, U grad, int64_t V, int64_t H) {
+  return gs::embedding_fold(sorted, src, n, dy, grad, V, H, 0, 0);
+}
+int emu_pack_rows(U src, U dst, U meta, int64_t ns, int64_t max_len, int64_t H, int unpack) {
+  return gs::pack_rows(src, dst, meta, ns, max_len, H, unpack != 0, 0, 0);
+}
+int emu_logp_fwd(U logits, U t, U out, U lse, int64_t R, int64_t V, int64_t ld) {
+  return gs::logp_fwd(logits, t, out, lse, R, V, ld, 0, 0);
+}
+int emu_logp_bwd(U logits, U t, U lse, U g, U d, int64_t R, int64_t V, int64_t ld, int64_t ldd) {
+  return gs::logp_bwd(logits, t, lse, g, d, R, V, ld, ldd, 0, 0);
+}
+int emu_llp_forward(U h, U w, U t, U part, U out, U lse, int64_t R, int64_t V, int64_t K, int64_t ldh, int64_t ldw,
+                    U logits, int64_t ldl) {
+  return gs::llp_forward(h, w, t, part, out, lse, R, V, K, ldh, ldw, logits, ldl, 0, 0, gs::kGemmPortable);
+}
+int emu_llp_dlogits(U h, U w, U t, U lse, U g, U d, int64_t M, int64_t N, int64_t K, int64_t v0, int64_t V,
+                    int64_t ldh, int64_t ldw, int64_t ldd, U logits, int64_t ldl) {
+  return gs::llp_dlogits(h, w, t, lse, g, d, M, N, K, v0, V, ldh, ldw, ldd, logits, ldl, 0, 0, gs::kGemmPortable);
+}
+int64_t emu_llp_vchunk() { return gs::kLlpVChunk; }
 int64_t emu_attn_rows(int narrow, int dq) { return gs::attn_rows(narrow != 0, dq != 0); }
 int64_t emu_attn_fold_keys() { return gs::attn_fold_keys(); }
 int64_t emu_attn_fold_tile() { return gs::attn_fold_tile(); }
@@ -233,6 +274,10 @@ def load(lib: Path) -> SimpleNamespace:
         "qk_norm_dw_tiles": [U, L, L, U, U, U, U, L, L],
         "gemm_nt": [U, U, U, L, L, L, L, L, L], "gemm_nn": [U, U, U, L, L, L, L, L, L, N],
         "gemm_dw_fold": [U, L, L, U, U, U, L, L, L, L, L, L],
+        "silu_fwd": [U, U, L], "silu_bwd": [U, U, U, L], "swiglu_fwd": [U, U, U, L], "swiglu_bwd": [U] * 5 + [L],
+        "rope": [U, U, U, L, L, L, F, N], "embedding_fwd": [U, U, U, L, L, L], "embedding_fold": [U, U, L, U, U, L, L],
+        "pack_rows": [U, U, U, L, L, L, N], "logp_fwd": [U] * 4 + [L, L, L], "logp_bwd": [U] * 5 + [L, L, L, L],
+        "llp_forward": [U] * 6 + [L] * 5 + [U, L], "llp_dlogits": [U] * 6 + [L] * 8 + [U, L],
     }
     ns = SimpleNamespace()
     for name, argtypes in sigs.items():
@@ -258,9 +303,12 @@ def load(lib: Path) -> SimpleNamespace:
 
         setattr(ns, name, rows_launcher)
     for name in ("emu_attn_fold_keys", "emu_attn_fold_tile", "emu_attn_block_n", "emu_attn_max_head_dim",
-                 "emu_rl_seq_threads"):
+                 "emu_rl_seq_threads", "emu_llp_vchunk"):
         getattr(so, name).restype = L
     so.emu_attn_rows.restype = L
+    so.emu_llp_vchunk.restype = L
+    ns.LLP_VCHUNK = so.emu_llp_vchunk()
+    ns.hopper_gemm = lambda device: False  # the portable (mma.sync) kernels: the Hopper ones are not emulated
     so.emu_attn_rows.argtypes = [N, N]
     ns.ATTN_FWD_ROWS, ns.ATTN_DQ_ROWS = so.emu_attn_rows(0, 0), so.emu_attn_rows(0, 1)
     ns.ATTN_NARROW_ROWS, ns.ATTN_FOLD_KEYS = so.emu_attn_rows(1, 0), so.emu_attn_fold_keys()

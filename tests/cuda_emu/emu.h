@@ -12,7 +12,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -45,6 +48,18 @@ struct EmuCta {
     auto p = reinterpret_cast<uintptr_t>(smem.data());
     return smem.data() + ((16 - (p & 15)) & 15);
   }
+  // A static __shared__ array (`__shared__ T name[n]`, rewritten by build.py): one buffer per name for the CTA's
+  // threads (the first thread to reach the declaration makes it; never initialised, as on the device).
+  std::mutex statics_mu;
+  std::map<std::string, std::vector<unsigned char>> statics;
+  template <class T>
+  T* static_shared(const char* name, size_t n) {
+    std::lock_guard<std::mutex> lock(statics_mu);
+    auto& v = statics[name];
+    if (v.empty()) v.resize(n * sizeof(T) + 16);
+    auto p = reinterpret_cast<uintptr_t>(v.data());
+    return reinterpret_cast<T*>(v.data() + ((16 - (p & 15)) & 15));
+  }
 };
 inline thread_local EmuCta* emu_cta = nullptr;
 
@@ -70,6 +85,8 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __frsqrt_rn(float a) { return 1.0f / std::sqrt(a); }  // not correctly rounded: the emulation's own
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __ll2float_rn(long long v) { return static_cast<float>(v); }
 inline unsigned __float_as_uint(float x) {
   unsigned u;
   std::memcpy(&u, &x, 4);
