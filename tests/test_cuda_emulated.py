@@ -1,15 +1,15 @@
-"""The CUDA C++ attention, RL and row-norm kernels of csrc/, run on the CPU by a host emulation (tests/cuda_emu/).
+"""The CUDA C++ kernels of csrc/ (all but the Hopper ones), run on the CPU by a host emulation (tests/cuda_emu/).
 
 The kernels' own sources (fragment addressing, masks, block and tile loops, the fold's bounds, the host launchers)
 execute here with an independently written model of ldmatrix / mma.sync / shuffles, through the production Python
 modules and the public kernel check: every layout bitwise invariant and accurate within the contract (dK / dV
 FP32-class), kernel-level bitwise equalities (wide vs narrow programs, chunks, decode, a sample alone), bf16
 operands missing the FP32-class rule, and a planted kernel bug (a partly visible key block run without its mask)
-going red; rms_norm / qk_norm on every layout through both row paths (one warp per row for hidden <= 256, one
-block per row above), the two paths bit for bit on the same rows, and a planted reduction order going red; the
-portable GEMMs and the dW fold (det_gemm on every layout), and a planted fold tile order going red; SiLU, SwiGLU,
-RoPE, embedding, pack, logp, batch-invariant logp, lm_head and linear_logp (its mma.sync kernels) on every layout,
-and a planted batch-size-dependent logp going red. The
+going red; rms_norm / qk_norm on every layout through both row paths (one warp per row for hidden <= 256, one block
+per row above), the two paths bit for bit on the same rows, and a planted reduction order going red; the portable
+GEMMs and the dW fold (det_gemm on every layout), and a planted fold that drops a call's last tile going red; SiLU,
+SwiGLU, RoPE, embedding, pack, logp, batch-invariant logp, lm_head and linear_logp (its mma.sync kernels) on every
+layout, and a planted batch-size-dependent logp going red. The
 emulation's rounding is not the H200's: the GPU tests (tests/test_cuda_attention.py, -m gpu)
 check the hardware's own bits. Skipped where g++ (C++20) or the CUDA headers are missing.
 """
