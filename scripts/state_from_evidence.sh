@@ -16,23 +16,22 @@ parked=${PARKED:-}
 [ -e "$d" ] && { echo "$d exists: give a fresh folder" >&2; exit 2; }
 [ -z "$parked" ] || [ -d "$parked" ] || { echo "PARKED=$parked is not a folder" >&2; exit 2; }
 fresh() { python3 -m gradsweep.cli verify "$1" --allow-other-build > /dev/null 2>&1; }
-# the sweep evidence the builds are checked against: the parked one where fresh, else the committed one
-sweep=evidence/h200.evidence.json
+# the file whose pins the builds must match, each file verified once: the parked sweep where fresh, else the
+# committed one where fresh, else a parked partial log's header, else the committed sweep
+pins=evidence/h200.evidence.json
 if [ -n "$parked" ] && [ -f "$parked/h200.evidence.json" ] && fresh "$parked/h200.evidence.json"; then
-  sweep=$parked/h200.evidence.json
+  pins=$parked/h200.evidence.json
+elif [ -n "$parked" ] && [ -f "$parked/h200.evidence.json.partial.jsonl" ] && ! fresh evidence/h200.evidence.json; then
+  pins=$parked/h200.evidence.json.partial.jsonl
 fi
-want() {  # the sha256 a build must have ("extension" or "planner"): the fresh sweep's provenance, else a parked
-  # partial log's header, else the committed sweep's provenance
-  python3 - "$1" "$sweep" "$parked" <<'PY'
-import base64, json, pathlib, subprocess, sys
-kind, sweep, parked = sys.argv[1:]
-fresh = subprocess.run([sys.executable, "-m", "gradsweep.cli", "verify", sweep, "--allow-other-build"],
-                       capture_output=True).returncode == 0
-log = pathlib.Path(parked or ".", "h200.evidence.json.partial.jsonl")
-if not fresh and parked and log.is_file():
-    print(json.loads(log.read_text().splitlines()[0])["header"].get(f"{kind}_sha256") or "")
+want() {  # the sha256 a build must have ("extension" or "planner"), from $pins
+  python3 - "$1" "$pins" <<'PY'
+import base64, json, sys
+kind, pins = sys.argv[1:]
+if pins.endswith(".partial.jsonl"):
+    print(json.loads(open(pins).readline())["header"].get(f"{kind}_sha256") or "")
 else:
-    p = json.loads(base64.b64decode(json.load(open(sweep))["payload"]))["predicate"]
+    p = json.loads(base64.b64decode(json.load(open(pins))["payload"]))["predicate"]
     print((p[kind] or {}).get("sha256", ""))
 PY
 }

@@ -76,10 +76,9 @@ def _static_shared(m: re.Match) -> str:
 
 
 def _host_kernel_source(src: str) -> str:
-    src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];",
-                      "unsigned char* smem_raw = emu_cta->shared();")
-    src = re.sub(r"__shared__ float red\[[^\]]*\];", "float* red = reinterpret_cast<float*>(emu_cta->shared());", src)
-    src = re.sub(r"extern __shared__ (\w+) (\w+)\[\];", r"\1* \2 = reinterpret_cast<\1*>(emu_cta->shared());", src)
+    # dynamic shared memory (`extern __shared__ [__align__(n)] T name[];`): the CTA's buffer; static arrays: their own
+    src = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?([\w ]+?) (\w+)\[\];",
+                 r"\1* \2 = reinterpret_cast<\1*>(emu_cta->shared());", src)
     src = re.sub(r"__shared__ (\w+) ([^;]+);", _static_shared, src)
     src = re.sub(r"\n\s*DeviceGuard guard\(device\);", "\n  (void)device;", src)
     src = re.sub(r"\n\s*GS_TRY\(guard.status\(\)\);", "", src)
@@ -306,7 +305,6 @@ def load(lib: Path) -> SimpleNamespace:
                  "emu_rl_seq_threads", "emu_llp_vchunk"):
         getattr(so, name).restype = L
     so.emu_attn_rows.restype = L
-    so.emu_llp_vchunk.restype = L
     ns.LLP_VCHUNK = so.emu_llp_vchunk()
     ns.hopper_gemm = lambda device: False  # the portable (mma.sync) kernels: the Hopper ones are not emulated
     so.emu_attn_rows.argtypes = [N, N]
