@@ -79,12 +79,17 @@ def fold_plan_block(say: Callable[[str], None], device: torch.device, steps: int
     rest."""
     planner = "compiled (gradsweep._fold_plan)" if canonical._native_plan is not None else "numpy"
     say(f"fold_plan, {when}: planner {planner}; Python loop ({PYTHON_LOOP} iterations) {python_loop_us():.1f} us")
-    for case in fold_plan.cases(False):
+    for case, family in ((c, f) for c in fold_plan.cases(False) for f in fold_plan.FAMILIES):
         subject = fold_plan.PlanSubject(case, None, {}, device, 0)
-        fn, calls = subject.host_step("host")
+        try:
+            fn, calls = subject.host_step(family)
+            fn()
+        except Exception as exc:  # this family's kernels cannot run here (no CUDA extension built, say)
+            say(f"fold_plan {case.name} [{family}]: not run ({type(exc).__name__}: {exc})")
+            continue
         if audit_top is None:
             h, d = host_us(fn, calls, steps)
-            say(f"fold_plan {case.name}: host {h:.0f} us per call, drained {d:.0f} us")
+            say(f"fold_plan {case.name} [{family}]: host {h:.0f} us per call, drained {d:.0f} us")
             continue
         fn()  # the first step's allocations are not a step's
         torch.cuda.synchronize()
@@ -92,8 +97,8 @@ def fold_plan_block(say: Callable[[str], None], device: torch.device, steps: int
         h, d = host_us(fn, calls, steps)
         after = _alloc_counts()
         events = {k: round((after[k] - before[k]) / (steps + 5), 2) for k in after if after[k] != before[k]}
-        say(f"fold_plan {case.name}: host {h:.0f} us per call, drained {d:.0f} us; allocator events per step "
-            f"{events or 'none'}")
+        say(f"fold_plan {case.name} [{family}]: host {h:.0f} us per call, drained {d:.0f} us; allocator events per "
+            f"step {events or 'none'}")
         for site in _sync_sites(fn):
             say(f"    sync: {site}")
         say(profile(fn, max(steps // 2, 20), audit_top))

@@ -110,6 +110,21 @@ def _identity_only(ctx: CallContext) -> CallOutput:
     return CallOutput({"y": sequential_sum(x.float() * coefficients(x.shape[1], x.device))})
 
 
+OUTPUT_CACHE: dict[tuple, torch.Tensor] = {}  # the address_cached defect's outputs, by input address
+
+
+def _address_cached(ctx: CallContext) -> CallOutput:
+    """Row sums memoised on the input's address, shape and strides (contents never looked at): right in every
+    fresh buffer, stale when the same memory is refilled (an engine reusing its batch buffers)."""
+    x = ctx.inputs["x"]
+    y = _identity_only(ctx).tensors["y"]
+    key = (x.data_ptr(), tuple(x.shape), tuple(x.stride()))
+    if key in OUTPUT_CACHE:
+        y = y - y.detach() + OUTPUT_CACHE[key]  # the memoised values, the gradient path kept
+    OUTPUT_CACHE[key] = y.detach().clone()
+    return CallOutput({"y": y})
+
+
 def _no_backward(ctx: CallContext) -> CallOutput:
     with torch.no_grad():
         return _identity_only(ctx)
@@ -122,6 +137,7 @@ CANDIDATES = {
     "torch.layout_ignoring": Candidate("torch.layout_ignoring", "torch", _layout_ignoring),
     "torch.identity_only": Candidate("torch.identity_only", "torch", _identity_only),
     "torch.no_backward": Candidate("torch.no_backward", "torch", _no_backward),
+    "torch.address_cached": Candidate("torch.address_cached", "torch", _address_cached),
 }
 
 OP = register(OpSpec(
@@ -145,6 +161,16 @@ OP = register(OpSpec(
 
 SCALE_TILE = 8
 LAST_FORWARD: dict[str, torch.Tensor] = {}  # the stateful defect's global scratch
+WEIGHT_CACHE: dict[tuple, torch.Tensor] = {}  # the weight_cache defect's converted weights, by address
+
+
+def _converted_weight(w: torch.Tensor) -> torch.Tensor:
+    """The weight_cache defect: an FP32 copy of the weight kept by address (as a cached transposed or quantised
+    weight would be), never refreshed when the same memory holds new values (an optimizer's in-place update)."""
+    key = (w.data_ptr(), tuple(w.shape))
+    if key not in WEIGHT_CACHE:
+        WEIGHT_CACHE[key] = w.detach().float().clone()
+    return WEIGHT_CACHE[key]
 
 
 class ScaleShape(BaseModel):
@@ -180,7 +206,7 @@ class _Scale(torch.autograd.Function):
         ctx.save_for_backward(x, w)
         ctx.rows, ctx.fold, ctx.variant = rows, fold, variant
         LAST_FORWARD["x"] = x.detach()
-        return x.float() * w.float()
+        return x.float() * (_converted_weight(w) if variant == "weight_cache" else w.float())
 
     @staticmethod
     def backward(ctx, dy):
@@ -193,7 +219,8 @@ class _Scale(torch.autograd.Function):
             pads = (ctx.rows.sample == -1).to(x.device)
             if bool(pads.any()):
                 ctx.fold.main_grad += (x[pads].float() * dy[pads]).sum(0)
-        return (dy * w.float()).to(x.dtype), None, None, None, None
+        wf = _converted_weight(w) if ctx.variant == "weight_cache" else w.float()
+        return (dy * wf).to(x.dtype), None, None, None, None
 
 
 def _scale_candidate(variant: str) -> Candidate:
@@ -203,7 +230,7 @@ def _scale_candidate(variant: str) -> Candidate:
     return Candidate(f"torch.scale_{variant}", "torch", run, param_grads="fold", fold_tiles=lambda: {"w": SCALE_TILE})
 
 
-SCALE_VARIANTS = ("scaled_output", "honest", "folds_pads", "ignore_start", "never_folds", "stateful")
+SCALE_VARIANTS = ("scaled_output", "honest", "folds_pads", "ignore_start", "never_folds", "stateful", "weight_cache")
 SCALE = register(OpSpec(
     name="planted_scale",
     description="y = x * w, dw folded canonically; planted variants of its implementation",

@@ -80,7 +80,8 @@ def test_the_operator_receives_strided_inputs_and_upstream_gradients():
 def test_parameters_and_main_grads_sit_at_an_offset_on_bn_strided_only():
     seen = {}
     def run(real: Candidate, ctx: CallContext) -> CallOutput:
-        seen[ctx.call.strided] = (ctx.params["weight"], ctx.fold("weight").main_grad)
+        # the first run of each kind: bn_full's reference run (fresh memory; its last rerun sits in an Arena)
+        seen.setdefault(ctx.call.strided, (ctx.params["weight"], ctx.fold("weight").main_grad))
         return real.run(ctx)
 
     spy = planted_candidate(OP, IMPL, run, name="triton.spy")
@@ -122,5 +123,10 @@ def test_the_honest_kernel_is_green_on_bn_strided():
 def test_a_kernel_ignoring_the_strides_is_red_on_bn_strided_only(reinterpret, name):
     report = check_kernel(OP, _wrapped(reinterpret, name), layouts=LAYOUTS)
     reds = {lay for lay, s in report.statuses().items() if s != Status.GREEN}
-    assert reds == {"bn_strided"}, report.first_failure
+    # bn_full's last rerun runs in an Arena, whose buffers are views at an offset too: a kernel ignoring the
+    # offset is red there as well (the harness's other probe of the same defect)
+    assert reds == ({"bn_strided", "bn_full"} if reinterpret is _offset_ignored else {"bn_strided"}), \
+        report.first_failure
     assert "bn_strided vs bn_full" in report.cells["bn_strided"].first_failure
+    if reinterpret is _offset_ignored:
+        assert "in the buffers of a run on other values" in report.cells["bn_full"].first_failure

@@ -27,11 +27,23 @@ def cpu_block(monkeypatch):
     return run
 
 
+_CASES = ["packed", "packed_warm", "chunked", "chunked_warm"]
+# the CUDA family's fold call: timed where it stages nothing (a packed step plans on the host alone), else not run
+# (no CUDA here for its piece copy)
+_CUDA = r"fold_plan (\w+) \[cuda\]: (host \d+ us per call, drained \d+ us|not run \(.+\))"
+
+
 def _check(lines: list[str], planner: str) -> None:
+    """Each case in turn: the Triton family's fold call timed (the interpreter runs its piece copy), then the CUDA
+    family's line."""
     assert re.fullmatch(rf"fold_plan, first: planner {planner}; Python loop \(200 iterations\) [\d.]+ us",
                         lines[0]), lines
-    cases = [re.fullmatch(r"fold_plan (\w+): host \d+ us per call, drained \d+ us", line) for line in lines[1:-1]]
-    assert all(cases) and [m.group(1) for m in cases] == ["packed", "packed_warm", "chunked", "chunked_warm"], lines
+    timed = [re.fullmatch(r"fold_plan (\w+) \[triton\]: host \d+ us per call, drained \d+ us", line)
+             for line in lines[1:-1:2]]
+    assert all(timed) and [m.group(1) for m in timed] == _CASES, lines
+    cuda = [re.fullmatch(_CUDA, line) for line in lines[2:-1:2]]
+    assert all(cuda) and [m.group(1) for m in cuda] == _CASES, lines
+    assert "not run" in cuda[2].group(2), lines  # a chunked step stages rows: the CUDA piece copy needs CUDA
     assert re.fullmatch(r"fold_plan, first: Python loop after [\d.]+ us", lines[-1]), lines
 
 
@@ -55,9 +67,11 @@ def test_the_audit_reports_each_case_its_allocator_events_syncs_and_profile(cpu_
     host_probe.fold_plan_block(lines.append, torch.device("cpu"), 2, "audit", audit_top=10)
     assert re.fullmatch(r"fold_plan, audit: planner .+; Python loop \(200 iterations\) [\d.]+ us", lines[0]), lines
     assert re.fullmatch(r"fold_plan, audit: Python loop after [\d.]+ us", lines[-1]), lines
-    body = lines[1:-1]
-    audits = [re.fullmatch(r"fold_plan (\w+): host \d+ us per call, drained \d+ us; allocator events per "
-                           r"step none", line) for line in body[0::3]]
-    assert all(audits) and [m.group(1) for m in audits] == ["packed", "packed_warm", "chunked", "chunked_warm"], lines
-    assert all(line == "    sync: 1x planted sync <- canonical.py:1 take_tiles" for line in body[1::3]), lines
-    assert all("take_tiles" in text for text in body[2::3]), lines
+    audit = r"fold_plan (\w+) \[(triton|cuda)\]: host \d+ us per call, drained \d+ us; allocator events per step none"
+    heads = [(i, re.fullmatch(audit, line)) for i, line in enumerate(lines) if line.startswith("fold_plan ")]
+    triton = [(i, m) for i, m in heads if m and m.group(2) == "triton"]
+    assert [m.group(1) for _, m in triton] == _CASES, lines  # each followed by its sync and its profile
+    assert all(lines[i + 1] == "    sync: 1x planted sync <- canonical.py:1 take_tiles" for i, _ in triton), lines
+    assert all("take_tiles" in lines[i + 2] for i, _ in triton), lines
+    cuda = [re.fullmatch(rf"{audit}|{_CUDA}", lines[i]) for i, m in heads if not m or m.group(2) == "cuda"]
+    assert len(cuda) == len(_CASES) and all(cuda), lines

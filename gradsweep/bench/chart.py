@@ -14,7 +14,7 @@ from pathlib import Path
 from gradsweep.bench.predicate import BenchPredicate, CaseRecord
 from gradsweep.evidence.envelope import write_atomic
 
-FAMILY_COLOURS = {"triton": "#1f77b4", "cuda": "#2ca02c", "host": "#9467bd"}
+FAMILY_COLOURS = {"triton": "#1f77b4", "cuda": "#2ca02c"}
 HEADLINE_DEFAULT = "e2e_vs_stock"
 
 

@@ -22,7 +22,7 @@ from gradsweep.bench.checks import contract_check
 from gradsweep.bench.metrics import BWD_IN_STEP, family_metrics, settle
 from gradsweep.bench.predicate import CaseRecord, CheckRecord, FamilyResult, ImplRecord, TargetResult
 from gradsweep.bench.subjects import OpSubject, Subject
-from gradsweep.bench.suite import HOST, Slot
+from gradsweep.bench.suite import Slot
 from gradsweep.bench.targets import Target
 from gradsweep.bench.timing import Entry, Timer
 from gradsweep.errors import one_line
@@ -197,10 +197,10 @@ def run_case(case: Case, slots: list[Slot], timer: Timer, device: torch.device, 
     runnable = {s.family: s.candidate for s in slots if s.candidate is not None}
     families: dict[str, FamilyResult] = {}
     for s in slots:
-        if s.candidate is None and s.family != HOST:
+        if not s.runnable:
             families[s.family] = FamilyResult(profile=s.profile, impl="-", status="blocked", reason=s.reason,
                                               targets=_targets(case, s.family, {}, targets, {}, "blocked", s.reason))
-    if not runnable and not any(s.family == HOST for s in slots):
+    if not any(s.runnable for s in slots):
         return record.model_copy(update={"families": families})
     try:
         subject: Subject = RUNNERS.get(case.runner, OpSubject)(case, spec, runnable, device, seed)
@@ -233,10 +233,7 @@ def run_case(case: Case, slots: list[Slot], timer: Timer, device: torch.device, 
 def _impl(slot: Slot) -> str:
     if slot.candidate is not None:
         return slot.candidate.impl_id
-    if slot.family != HOST:
-        return "-"
-    from gradsweep.canonical import planner
-    return f"gradsweep.canonical.CanonicalFold (planner: {planner()})"
+    return slot.host_impl or "-"
 
 
 def _family(case: Case, slot: Slot, subject: Subject, timer: Timer, device: torch.device, ceilings: Ceilings | None,

@@ -13,23 +13,28 @@ import os
 from dataclasses import dataclass, field, replace
 
 from gradsweep.bench.cases import Case
-from gradsweep.bench.catalog import STEP_OPS, catalog, default_cases
+from gradsweep.bench.catalog import HOST_IMPLS, STEP_OPS, catalog, default_cases
 from gradsweep.errors import BadInput
 from gradsweep.families import impl_id
 from gradsweep.manifest import CandidateStatus, Manifest
 from gradsweep.ops.base import Candidate
 
-HOST = "host"
-
 
 @dataclass(frozen=True)
 class Slot:
-    """One family of one case: the candidate to time, or why it cannot run."""
+    """One family of one case: the candidate to time, or why it cannot run. A host-only case (the fold plan) has
+    no candidate: its subject times the family's own host work, on a profile that can run here (``host_impl``
+    names it)."""
 
     family: str
     profile: str
     candidate: Candidate | None
     reason: str = ""
+    host_impl: str = ""
+
+    @property
+    def runnable(self) -> bool:
+        return self.candidate is not None or bool(self.host_impl)
 
 
 @dataclass
@@ -109,7 +114,7 @@ def select(manifest: Manifest, ops: list[str] | None, families: list[str] | None
         if name not in known_ops:
             raise BadInput(f"--op {name}: not an op of manifest {manifest.name} nor a step case; known: "
                            f"{', '.join(known_ops)}")
-    all_families = sorted({*(p.family for p in manifest.profiles.values() if p.family != "torch"), HOST})
+    all_families = sorted({p.family for p in manifest.profiles.values() if p.family != "torch"})
     for name in families or []:
         if name not in all_families:
             raise BadInput(f"--family {name}: not a family of manifest {manifest.name}; known: "
@@ -128,14 +133,14 @@ def select(manifest: Manifest, ops: list[str] | None, families: list[str] | None
         for fam in case.families:
             if families and fam not in families:
                 continue
-            if fam == HOST:
-                slots.append(Slot(HOST, HOST, None))
-                continue
             profile = chosen.get(fam)
             if profile is None:
                 why = next(((p, r) for p, r in blocked.items() if manifest.profiles[p].family == fam), None)
                 if why is not None:  # a profile of the family exists but cannot run here
                     slots.append(Slot(fam, why[0], None, f"blocked: {why[1]}"))
+                continue
+            if case.host_only:
+                slots.append(Slot(fam, profile, None, host_impl=HOST_IMPLS[case.runner](fam)))
                 continue
             cand, why = _candidate(manifest, profile, case.op, fam)
             slots.append(Slot(fam, profile, cand, why))

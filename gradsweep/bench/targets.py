@@ -19,7 +19,7 @@ from gradsweep.families import KERNEL_FAMILIES
 
 TARGETS_VERSION = 1
 DEFAULT_TARGETS = Path(__file__).resolve().parents[2] / "manifests" / "bench_targets.yaml"
-FAMILY_NAMES = (*KERNEL_FAMILIES, "host")
+FAMILY_NAMES = KERNEL_FAMILIES
 
 
 class TargetsError(ValueError):
@@ -31,7 +31,7 @@ class Target(BaseModel):
     op: str = Field(min_length=1)
     case: str = Field(min_length=1)
     metric: str = Field(min_length=1)
-    family: str | None = Field(None, description="triton, cuda or host; omitted: every family of the case")
+    family: str | None = Field(None, description="triton or cuda; omitted: every family of the case")
     max: float | None = Field(None, gt=0, description="the metric must be at most this (ratios, memory, time)")
     min: float | None = Field(None, gt=0, description="the metric must be at least this (fractions of a ceiling)")
     issue: str = Field(min_length=1, description="where the target was set, e.g. '12'")

@@ -10,6 +10,7 @@ later call may still add to an earlier call's input (attention keys through the 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -239,6 +240,53 @@ def _unchanged(what: str, now: torch.Tensor, was: torch.Tensor) -> None:
                          "buffers of its own")
 
 
+class Arena:
+    """Buffers kept between runs (``run_layout(arena=...)``): each input, upstream gradient, parameter and starting
+    main grad of a run is copied into the buffer its key had in the last run through the same arena, so a second
+    run hands the candidate the very addresses of the first, with other values where the first was a decoy run.
+
+    Why: a kernel that keys something derived from a tensor's contents (its output, a transposed or quantised copy
+    of a weight, a plan) on the tensor's address alone is right in every fresh run and wrong whenever memory is
+    reused: a trainer's optimizer updates the weights in place every step, an engine refills the same batch
+    buffers. Fresh runs cannot see that defect; the reference layout's last rerun, in the buffers of a run on other
+    values, does (judge.py)."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple, torch.Tensor] = {}
+
+    def place(self, key: tuple, t: torch.Tensor, decoy: bool) -> torch.Tensor:
+        """``t``'s values (``decoy_values(t)`` for a decoy run) in ``key``'s buffer, as a fresh autograd leaf."""
+        buf = self._bufs.get(key)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.device != t.device:
+            buf = self._bufs[key] = _unshared_address(t)
+        buf.copy_(decoy_values(t) if decoy else t)
+        return buf.detach()
+
+
+_SHIFTS = itertools.count()
+
+
+def _unshared_address(t: torch.Tensor) -> torch.Tensor:
+    """An empty contiguous tensor like ``t`` whose address is 48 + 64 k bytes past a 512-byte boundary.
+
+    Fresh tensors start on 64-byte (host) or 512-byte (CUDA) boundaries and bn_strided's views 8 elements (8-64
+    bytes) past one, so no tensor of an ordinary run ever had this address: a cache entry the kernel made there
+    can only come from the decoy run (or from an earlier arena at the same block and shift, 1 in 8), and the
+    rerun cannot be handed back the reference run's own results by an address that memory reuse happened to
+    repeat. 16-byte aligned, as TMA and vector loads need (bn_strided already holds every kernel to that)."""
+    shift = 48 + 64 * (next(_SHIFTS) % 8)
+    nbytes = t.numel() * t.element_size()
+    raw = torch.empty(nbytes + 1024, dtype=torch.uint8, device=t.device)
+    start = (-raw.data_ptr()) % 512 + shift
+    return raw[start:start + nbytes].view(t.dtype).view(t.shape)
+
+
+def decoy_values(t: torch.Tensor) -> torch.Tensor:
+    """Other values of the same shape and dtype, each one still a value the tensor could hold (ids stay ids in
+    range): the elements in reverse order along every dimension."""
+    return t.flip(tuple(range(t.dim()))) if t.dim() else t.clone()
+
+
 @dataclass
 class _Pending:
     """One call's forward results, waiting for its backward."""
@@ -252,21 +300,32 @@ class _Pending:
 def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workload, calls: Sequence[Call],
                device: torch.device, backward: bool = True, schedule: str = "reverse",
                main_grads: dict[str, torch.Tensor] | None = None,
-               compute_dtype: torch.dtype = torch.bfloat16) -> LayoutRun:
+               compute_dtype: torch.dtype = torch.bfloat16, arena: Arena | None = None,
+               decoy: bool = False) -> LayoutRun:
     """Run every call (forward, then backward by ``schedule``) and restore results to logical order.
 
     ``main_grads``: the FP32 main grad each parameter starts from (zeros when None). A folding candidate
     gets it as its accumulator; an autograd candidate's gradient is added to it in FP32, as a trainer's
     gradient accumulation does. ``compute_dtype`` float32 runs a stock baseline on the same bf16 values.
+    ``arena``: every tensor handed to the candidate lives in the arena's buffers (``Arena``); ``decoy`` fills them
+    with ``decoy_values`` instead (a run whose results only matter for what it leaves behind).
     """
     if schedule not in ("reverse", "interleaved"):
         raise ValueError(f"unknown schedule {schedule!r}; use 'reverse' or 'interleaved'")
+    if decoy and arena is None:
+        raise ValueError("run_layout: a decoy run needs an arena (it only matters for the buffers it leaves)")
     total = workload.num_tokens
     flat = offset_copy if any(c.strided for c in calls) else (lambda t: t)  # bn_strided: flat-buffer views
-    params = {n: flat(t.to(compute_dtype)).requires_grad_(backward)
-              for n, t in make_params(op, shape, workload, device).items()}
-    starts = {n: flat(main_grads[n].clone() if main_grads is not None and n in main_grads
-                      else torch.zeros(t.shape, dtype=torch.float32, device=device)) for n, t in params.items()}
+
+    def place(key: tuple, t: torch.Tensor) -> torch.Tensor:
+        return t if arena is None else arena.place(key, t, decoy)
+
+    drawn = _drawn_params(op, shape, workload, device)  # (an arena copies them: no clone first, as make_params')
+    params = {n: flat(place(("param", n), t.to(compute_dtype))).requires_grad_(backward)
+              for n, t in (make_params(op, shape, workload, device) if arena is None else drawn).items()}
+    starts = {n: flat(place(("start", n), main_grads[n].clone() if main_grads is not None and n in main_grads
+                            else torch.zeros(t.shape, dtype=torch.float32, device=device)))
+              for n, t in params.items()}
     folds: dict[str, CanonicalFold] = {}
     if candidate.param_grads == "fold" and backward:
         tiles = candidate.fold_tiles()
@@ -290,7 +349,8 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
         call = as_padded(call) if op.padded_input else call
         run.call_rows.append(call.num_rows)
         run.padded_calls += call.padded is not None
-        inputs = make_inputs(op, shape, workload, call.rows, device, compute_dtype)
+        inputs = {name: place(("input", i, name), t)
+                  for name, t in make_inputs(op, shape, workload, call.rows, device, compute_dtype).items()}
         if call.strided:
             inputs = {name: strided_copy(t) for name, t in inputs.items()}
         for name, t in inputs.items():
@@ -317,8 +377,9 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
             outs.append(t)
         if not backward:
             continue
-        grads = make_upstream(op, shape, workload, out_rows, device, None if compute_dtype == torch.bfloat16
-                              else compute_dtype)
+        grads = [place(("upstream", i, k), g) for k, g in enumerate(
+            make_upstream(op, shape, workload, out_rows, device, None if compute_dtype == torch.bfloat16
+                          else compute_dtype))]
         if call.strided:
             grads = [strided_copy(g) for g in grads]
         for spec, g in zip(op.outputs, grads):
@@ -336,7 +397,7 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
     for name, f in filled.items():
         if not bool(f.all()):
             raise AdapterError(f"{name}: {int((~f).sum())} logical tokens were never produced")
-    guard.check_handed(params, _drawn_params(op, shape, workload, device))
+    guard.check_handed(params, {n: decoy_values(t) for n, t in drawn.items()} if decoy else drawn)
     run.tensors = logical
     return run
 

@@ -18,6 +18,7 @@ from gradsweep.harness.accuracy import AccuracyCheck, baseline_accuracy, check_a
 from gradsweep.harness.compare import normwise_error
 from gradsweep.harness.execute import (
     AdapterError,
+    Arena,
     LayoutRun,
     MissingBackward,
     exact_fp32,
@@ -152,7 +153,8 @@ def judge(op: OpSpec, candidate: Candidate, layout: str, calls: Sequence[Call], 
           baselines: Callable[[], OpBaselines], base_run: Callable[[], LayoutRun], reruns: int = 1) -> Verdict:
     """Run the candidate on ``layout`` (every backward order it is checked under) and classify the cell.
 
-    The reference layout's cell re-runs it ``reruns`` times (nondeterminism); any other layout must
+    The reference layout's cell re-runs it ``reruns`` times (nondeterminism), the last time in the buffers of a
+    run on other values (a result keyed on an address, not on contents: ``execute.Arena``); any other layout must
     hand the operator different calls than the reference layout (else the cell is a tautology).
     """
     try:
@@ -160,10 +162,18 @@ def judge(op: OpSpec, candidate: Candidate, layout: str, calls: Sequence[Call], 
         base = base_run()
         runs: list[tuple[str, LayoutRun]] = []
         if layout == REFERENCE_LAYOUT:
-            for i in range(max(1, reruns)):
-                label = f"{REFERENCE_LAYOUT} (rerun {i + 1}/{reruns})" if reruns > 1 else f"{REFERENCE_LAYOUT} (rerun)"
-                runs.append((label, run_layout(op, candidate, shape, workload, calls, device,
-                                               main_grads=base_line.starts, backward=op.differentiable)))
+            n = max(1, reruns)
+            for i in range(n):
+                label = f"{REFERENCE_LAYOUT} (rerun {i + 1}/{n}" if n > 1 else f"{REFERENCE_LAYOUT} (rerun"
+                arena = None
+                if i == n - 1:  # the last rerun in the buffers of a run on other values (execute.Arena)
+                    arena = Arena()
+                    run_layout(op, candidate, shape, workload, calls, device, main_grads=base_line.starts,
+                               backward=op.differentiable, arena=arena, decoy=True)
+                    label += ", in the buffers of a run on other values"
+                runs.append((label + ")", run_layout(op, candidate, shape, workload, calls, device,
+                                                     main_grads=base_line.starts, backward=op.differentiable,
+                                                     arena=arena)))
         else:
             check_not_tautological(op, layout, calls, ref_calls)
             for sched in schedules_for(layout, len(calls)):

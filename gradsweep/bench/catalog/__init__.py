@@ -15,6 +15,7 @@ from gradsweep.bench.catalog import attention, chain, fold_plan, gemm, rowwise, 
 MODULES = (gemm, rowwise, vocab, attention, chain, fold_plan)
 STEP_OPS = ("chain", "fold_plan")  # not swept per op: run whenever --op does not exclude them
 RUNNERS = {"attention_decode": attention.DecodeSubject, "fold_plan": fold_plan.PlanSubject}
+HOST_IMPLS = {"fold_plan": fold_plan.impl_label}  # host-only runners: what a family's row of them times
 DEFAULT_TOKENS = 16384
 QUICK_CHECK_LENGTHS = (9, 3, 14)  # the contract checks' samples in --quick (a full run uses the manifest's)
 

@@ -1,7 +1,12 @@
 """Host planning of the canonical fold (issue 13): what ``CanonicalFold`` costs the host per call at 16384 rows,
-for a packed step (one call) and a chunked one (every sample in three calls), before any kernel runs. The
+for a packed step (one call) and a chunked one (every sample in three calls), before any fold kernel runs. The
 fold's planning sits in front of every folded gradient (norm dweight, GEMM dW, embedding, attention dK / dV),
 so its host time is what a small-batch step cannot hide.
+
+Each family is timed on the fold call its own kernels make (``family_take``): the Triton family's tile
+descriptors (``take_tiles``), the CUDA family's row table (``take``), each staging the carried rows with its own
+piece copy. So the host time is the plan, its uploads and the staging copies' launches that a training step of
+that family pays; a family whose profile cannot run here is blocked like any other.
 
 Two figures per layout: **cold** clears the plan caches before every step (the first fold of a step with new
 lengths pays this), **warm** keeps them (every further fold of the step meets the same layout and the same calls:
@@ -10,21 +15,45 @@ per layout and tile and the warm one for every other parameter). The target appl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from gradsweep.bench.baselines import Reference
 from gradsweep.bench.cases import Case, irregular
 from gradsweep.bench.predicate import CheckRecord
-from gradsweep.canonical import CanonicalFold, RowIdentity, clear_plan_caches
+from gradsweep.canonical import CanonicalFold, RowIdentity, clear_plan_caches, planner
 from gradsweep.ops.base import Candidate, OpSpec
 
 TILE = 64
+FAMILIES = ("triton", "cuda")
+
+Take = Callable[[CanonicalFold, RowIdentity, tuple[torch.Tensor, ...]], object]
+
+
+def family_take(family: str) -> Take:
+    """The fold call of ``family``'s kernels (gradsweep/<family>_kernels: rms_norm, GEMM dW, embedding, ...)."""
+    if family == "triton":
+        from gradsweep.triton_kernels.stage_copy import copy_pieces as triton_copy
+
+        return lambda fold, rows, tensors: fold.take_tiles(rows, tensors, stage_copy=triton_copy)
+    if family == "cuda":
+        from gradsweep.cuda_kernels.stage_copy import copy_pieces as cuda_copy
+
+        return lambda fold, rows, tensors: fold.take(rows, tensors, stage_copy=cuda_copy)
+    raise ValueError(f"fold_plan: no fold call known for family {family!r} (known: {', '.join(FAMILIES)})")
+
+
+def impl_label(family: str) -> str:
+    """What a family's row timed: the fold call, its staging copy and the planner that ran."""
+    call = {"triton": "take_tiles", "cuda": "take"}.get(family, "?")
+    return f"gradsweep.canonical.CanonicalFold.{call} + {family} copy_pieces (planner: {planner()})"
 
 
 def cases(quick: bool) -> list[Case]:
     rows, hidden = (300, 64) if quick else (16384, 4096)
     lengths = irregular(rows, 13)
-    common = {"runner": "fold_plan", "baselines": (), "families": ("host",), "split": "none", "check_layouts": ()}
+    common = {"runner": "fold_plan", "baselines": (), "families": FAMILIES, "split": "none", "check_layouts": ()}
     out = []
     for calls, name, how in ((1, "packed", "one call"), (3, "chunked", "three calls")):
         for warm in (False, True):
@@ -43,7 +72,7 @@ def _thirds(n: int) -> list[int]:
 
 
 class PlanSubject:
-    """One step's planning: a fresh fold, then each call's row identities and ``take_tiles`` (else ``take``)."""
+    """One step's planning: a fresh fold, then each call's row identities and the family's fold call."""
 
     def __init__(self, case: Case, op: OpSpec | None, candidates: dict[str, Candidate], device: torch.device,
                  seed: int) -> None:
@@ -62,20 +91,20 @@ class PlanSubject:
             x = torch.randn(rows, hidden, generator=gen, device=device).to(torch.bfloat16)
             self.calls.append((pieces, (x, x)))
 
-    def _step(self) -> None:
+    def _step(self, take: Take) -> None:
         if not self.warm:
             clear_plan_caches()
         fold = CanonicalFold(self.main_grad, self.lengths, self.tile)
-        take = getattr(fold, "take_tiles", None) or fold.take
         for pieces, tensors in self.calls:
             rows = RowIdentity.packed([p[2] for p in pieces], [p[0] for p in pieces], [p[1] for p in pieces])
-            take(rows, tensors)
+            take(fold, rows, tensors)
 
-    def host_step(self, family: str) -> tuple[object, int]:
-        return self._step, len(self.calls)
+    def host_step(self, family: str) -> tuple[Callable[[], None], int]:
+        take = family_take(family)
+        return (lambda: self._step(take)), len(self.calls)
 
     def family(self, name: str, mode: str) -> Reference:
-        return Reference([self._step])
+        return Reference([self.host_step(name)[0]])
 
     def reference(self, name: str, mode: str) -> Reference | None:
         return None
