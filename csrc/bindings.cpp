@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -28,6 +29,16 @@ constexpr int64_t kMaxGrid = 2147483647;  // gridDim.x limit
 
 void check_rows(int64_t rows, const char* what) {
   require(rows >= 0 && rows <= kMaxGrid, std::string(what) + ": rows must be in [0, 2^31-1]");
+}
+
+// The carried rows of a fold (n_stage of them, read in place through the stage_* bases): a base for each row
+// tensor whenever any row is carried (0 bases and n_stage 0: the call's rows alone).
+void check_stage(int64_t n_stage, std::initializer_list<uintptr_t> bases, const char* what) {
+  require(n_stage >= 0 && n_stage <= kMaxGrid, std::string(what) + ": n_stage must be in [0, 2^31-1]");
+  if (n_stage == 0) return;
+  for (const uintptr_t b : bases) {
+    require(b != 0, std::string(what) + ": n_stage > 0 needs every stage_* base (the carried rows' tensors)");
+  }
 }
 
 }  // namespace
@@ -87,14 +98,18 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("dy"), py::arg("x"), py::arg("w"), py::arg("rstd"), py::arg("dx"), py::arg("rows"),
      py::arg("hidden"), py::arg("device"), py::arg("stream"), py::arg("warp_rows") = -1);
   m.def("rms_norm_dw_tiles", [](uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
-                                uintptr_t rstd, uintptr_t partial, int64_t hidden, int device, uintptr_t stream) {
+                                uintptr_t rstd, uintptr_t partial, int64_t hidden, int device, uintptr_t stream,
+                                uintptr_t stage_dy, uintptr_t stage_x, uintptr_t stage_rstd, int64_t n_stage) {
     check_rows(n_tiles, "rms_norm_dw_tiles");
     require(tile > 0, "rms_norm_dw_tiles: tile must be positive");
     require(hidden >= 0 && (hidden + 7) / 8 <= 65535LL * 128, "rms_norm_dw_tiles: hidden too large");
-    check(gs::rms_norm_dw_tiles(plan, n_tiles, tile, dy, x, rstd, partial, hidden, device, stream),
+    check_stage(n_stage, {stage_dy, stage_x, stage_rstd}, "rms_norm_dw_tiles");
+    check(gs::rms_norm_dw_tiles(plan, n_tiles, tile, dy, x, rstd, partial, hidden, device, stream, stage_dy, stage_x,
+                                stage_rstd, n_stage),
           "rms_norm_dw_tiles");
   }, py::arg("plan"), py::arg("n_tiles"), py::arg("tile"), py::arg("dy"), py::arg("x"), py::arg("rstd"),
-     py::arg("partial"), py::arg("hidden"), py::arg("device"), py::arg("stream"));
+     py::arg("partial"), py::arg("hidden"), py::arg("device"), py::arg("stream"), py::arg("stage_dy") = 0,
+     py::arg("stage_x") = 0, py::arg("stage_rstd") = 0, py::arg("n_stage") = 0);
   m.def("fold_tiles", [](uintptr_t partial, int64_t n_tiles, uintptr_t main_grad, int64_t cols, int device,
                          uintptr_t stream) {
     require(n_tiles >= 0 && cols >= 0 && cols <= kMaxGrid, "fold_tiles: bad sizes");
@@ -134,14 +149,18 @@ PYBIND11_MODULE(_C, m) {
      py::arg("theta"), py::arg("inverse"), py::arg("device"), py::arg("stream"));
   m.def("qk_norm_dw_tiles", [](uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
                                uintptr_t rstd, uintptr_t partial, int64_t heads, int64_t head_dim, int device,
-                               uintptr_t stream) {
+                               uintptr_t stream, uintptr_t stage_dy, uintptr_t stage_x, uintptr_t stage_rstd,
+                               int64_t n_stage) {
     check_rows(n_tiles, "qk_norm_dw_tiles");
     require(tile > 0 && heads > 0, "qk_norm_dw_tiles: tile and heads must be positive");
     require(head_dim >= 0 && (head_dim + 7) / 8 <= 65535LL * 128, "qk_norm_dw_tiles: head_dim too large");
-    check(gs::qk_norm_dw_tiles(plan, n_tiles, tile, dy, x, rstd, partial, heads, head_dim, device, stream),
+    check_stage(n_stage, {stage_dy, stage_x, stage_rstd}, "qk_norm_dw_tiles");
+    check(gs::qk_norm_dw_tiles(plan, n_tiles, tile, dy, x, rstd, partial, heads, head_dim, device, stream, stage_dy,
+                               stage_x, stage_rstd, n_stage),
           "qk_norm_dw_tiles");
   }, py::arg("plan"), py::arg("n_tiles"), py::arg("tile"), py::arg("dy"), py::arg("x"), py::arg("rstd"),
-     py::arg("partial"), py::arg("heads"), py::arg("head_dim"), py::arg("device"), py::arg("stream"));
+     py::arg("partial"), py::arg("heads"), py::arg("head_dim"), py::arg("device"), py::arg("stream"),
+     py::arg("stage_dy") = 0, py::arg("stage_x") = 0, py::arg("stage_rstd") = 0, py::arg("n_stage") = 0);
 
   auto check_cols = [](int64_t cols, const char* what) {
     require(cols >= 0 && (cols + 7) / 8 <= 65535LL * 128, std::string(what) + ": row length too large");
@@ -222,7 +241,8 @@ PYBIND11_MODULE(_C, m) {
      py::arg("path") = gs::kGemmAuto);
   m.def("gemm_dw_fold", [check_gemm](uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
                                      uintptr_t grad, int64_t rows, int64_t N, int64_t K, int64_t ldy, int64_t ldx,
-                                     int64_t ldg, int device, uintptr_t stream, int path) {
+                                     int64_t ldg, int device, uintptr_t stream, int path, uintptr_t stage_dy,
+                                     uintptr_t stage_x, int64_t n_stage, int64_t stage_ldy, int64_t stage_ldx) {
     check_gemm(N, K, n_tiles, "gemm_dw_fold");
     require(rows >= 0, "gemm_dw_fold: rows (of dY and X) must be >= 0");
     // A fold tile of 16k tokens keeps every call's 16-token mma steps on the same canonical slots.
@@ -230,11 +250,16 @@ PYBIND11_MODULE(_C, m) {
     require(ldy >= N && ldx >= K && ldg >= K, "gemm_dw_fold: leading dimensions too small");
     require(n_tiles <= (1LL << 40) / tile, "gemm_dw_fold: n_tiles * tile too large");
     require(path >= gs::kGemmAuto && path <= gs::kGemmSm90, "gemm_dw_fold: path must be 0 (auto), 1 or 2");
-    check(gs::gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream, path),
+    check_stage(n_stage, {stage_dy, stage_x}, "gemm_dw_fold");
+    require(n_stage == 0 || (stage_ldy >= N && stage_ldx >= K),
+            "gemm_dw_fold: stage_ldy / stage_ldx (the carried rows' leading dimensions) too small");
+    check(gs::gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream, path,
+                           stage_dy, stage_x, n_stage, stage_ldy, stage_ldx),
           "gemm_dw_fold");
   }, py::arg("plan"), py::arg("n_tiles"), py::arg("tile"), py::arg("dy"), py::arg("x"), py::arg("grad"),
      py::arg("rows"), py::arg("N"), py::arg("K"), py::arg("ldy"), py::arg("ldx"), py::arg("ldg"), py::arg("device"),
-     py::arg("stream"), py::arg("path") = gs::kGemmAuto);
+     py::arg("stream"), py::arg("path") = gs::kGemmAuto, py::arg("stage_dy") = 0, py::arg("stage_x") = 0,
+     py::arg("n_stage") = 0, py::arg("stage_ldy") = 0, py::arg("stage_ldx") = 0);
 
   m.def("llp_forward", [check_gemm](uintptr_t hidden, uintptr_t weight, uintptr_t targets, uintptr_t part,
                                     uintptr_t out, uintptr_t lse, int64_t rows, int64_t vocab, int64_t K,

@@ -68,6 +68,28 @@ class DeviceGuard {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// A canonical fold's row space (gradsweep.canonical.FoldStep): rows [0, n_stage) of the staging tensor `stage`
+// (rows carried from earlier calls), then the call's own rows (row r >= n_stage is the call's row r - n_stage);
+// a row is `ld` elements long in either. The carried rows are read in place beside the call's instead of through a
+// concatenated copy of both: a plan entry names the same bytes either way, so no bit moves. With nothing carried,
+// n_stage is 0 and `stage` is the call's base (never read).
+template <typename T>
+struct FoldRows {
+  const T* stage;
+  const T* call;
+  int64_t n_stage;
+  // Row r of the row space, its base and index there worked out once for the several tensors of one row space:
+  // `carried` = r < n_stage, `local` = r, or r - n_stage.
+  __host__ __device__ __forceinline__ const T* at(bool carried, int64_t local, int64_t ld) const {
+    return (carried ? stage : call) + local * ld;
+  }
+};
+template <typename T>
+inline FoldRows<T> fold_rows(uintptr_t stage, uintptr_t call, int64_t n_stage) {
+  const T* c = reinterpret_cast<const T*>(call);
+  return {n_stage > 0 ? reinterpret_cast<const T*>(stage) : c, c, n_stage > 0 ? n_stage : 0};
+}
+
 // Run `launch(std::true_type{})` when `aligned` (the kernel's 16-byte path), else `launch(std::false_type{})`,
 // and return the launch's error code: the aligned / unaligned choice of a launcher written once (the lambda
 // reads `decltype(arg)::value` as its kernel's ALIGNED template argument).

@@ -90,22 +90,33 @@ int gemm_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t
 
 int gemm_dw_fold(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t grad,
                  int64_t rows, int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device,
-                 uintptr_t stream, int path) {
+                 uintptr_t stream, int path, uintptr_t stage_dy, uintptr_t stage_x, int64_t n_stage,
+                 int64_t stage_ldy, int64_t stage_ldx) {
   if (n_tiles == 0 || N == 0 || K == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
-  const auto* yp = reinterpret_cast<const bf16*>(dy);
-  const auto* xp = reinterpret_cast<const bf16*>(x);
+  // The fold's row space (common.cuh, FoldRows): the carried rows in stage_dy / stage_x, then the call's.
+  const FoldRows<bf16> fy = fold_rows<bf16>(stage_dy, dy, n_stage), fx = fold_rows<bf16>(stage_x, x, n_stage);
+  if (fy.n_stage == 0) {  // the stage bases are the call's (never read): their checks must pass as the call's do
+    stage_ldy = ldy;
+    stage_ldx = ldx;
+  }
   const int64_t T = n_tiles * tile;
-  const bool vec_y = mma::vec_ok(yp, ldy), vec_x = mma::vec_ok(xp, ldx);
+  const bool vec_y = mma::vec_ok(fy.call, ldy) && mma::vec_ok(fy.stage, stage_ldy);
+  const bool vec_x = mma::vec_ok(fx.call, ldx) && mma::vec_ok(fx.stage, stage_ldx);
   // The Hopper fold reads token rows by TMA and 16-byte cp.async chunks (16-byte aligned rows).
   const int sm90 = gemm_path(path, vec_y && vec_x, N, K, T, device);
   if (sm90 < 0) return -sm90;
 #ifndef GS_NO_SM90_GEMM
-  if (sm90 == 1) return gemm_sm90_dw_fold(plan, T, dy, x, grad, rows, N, K, ldy, ldx, ldg, stream);
+  if (sm90 == 1) {
+    return gemm_sm90_dw_fold(plan, T, dy, x, grad, rows, N, K, ldy, ldx, ldg, stream,
+                             reinterpret_cast<uintptr_t>(fy.stage), reinterpret_cast<uintptr_t>(fx.stage), fy.n_stage,
+                             stage_ldy, stage_ldx);
+  }
 #endif
   // A(n, t) = dY[p(t), n] (M-major), B(k, t) = X[p(t), k] (N-major), reduction over t = plan slots.
-  const GemmArgs g{yp, ldy, xp, ldx, N, K, T, reinterpret_cast<const int32_t*>(plan), vec_y, vec_x};
+  const GemmArgs g{fy.call, ldy, fx.call, ldx, N, K, T, reinterpret_cast<const int32_t*>(plan), vec_y, vec_x,
+                   fy.stage, stage_ldy, fx.stage, stage_ldx, fy.n_stage};
   return mma::launch_gemm<mma::CfgLarge, false, false>(g, mma::EpiF32Acc{reinterpret_cast<float*>(grad), ldg},
                                                        reinterpret_cast<cudaStream_t>(stream));
 }

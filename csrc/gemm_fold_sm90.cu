@@ -89,12 +89,19 @@ using FullBarrier = cutlass::arch::ClusterTransactionBarrier;  // producer -> co
 using EmptyBarrier = cutlass::arch::ClusterBarrier;            // consumers -> producer: a stage may be refilled
 
 struct Params {
-  const int32_t* plan;  // T token slots: a row of dY / X, or -1 (a zero row)
+  const int32_t* plan;  // T token slots: a row of the fold's row space (see dy_stage), or -1 (a zero row)
   int64_t T;
-  const Elem* dy;  // [rows, N], leading dimension ldy
+  const Elem* dy;  // [rows, N], leading dimension ldy: the call's rows
   int64_t ldy;
   const Elem* x;  // [rows, K], leading dimension ldx
   int64_t ldx;
+  // Rows [0, n_stage) of the row space are the carried rows [n_stage, N] / [n_stage, K] (leading dimensions
+  // ldy_stage / ldx_stage), read in place (common.cuh, FoldRows); row r >= n_stage is the call's row r - n_stage.
+  const Elem* dy_stage;
+  int64_t ldy_stage;
+  const Elem* x_stage;
+  int64_t ldx_stage;
+  int64_t n_stage;
   float* g;  // [N, K], leading dimension ldg
   int64_t ldg;
   int64_t N, K;
@@ -141,12 +148,14 @@ __device__ __forceinline__ StagePlan stage_plan(const int32_t* plan, int64_t T, 
 
 // Stage `stage` of an operand tile (ROWS output rows x kBK token slots, MN-major, 128-byte swizzle, at shared
 // address `smem`) <- columns [r0, r0 + ROWS) of the token rows of the stage's plan entries (extent columns;
-// 16-byte aligned rows, checked by the dispatch). Why the address is computed here rather than through the
+// 16-byte aligned rows, checked by the dispatch): row r of the row space is `stage`'s row r below n_stage (leading
+// dimension lds), else `src`'s row r - n_stage. Why the address is computed here rather than through the
 // CuTe tensor: the gather's issue rate bounds these stages, and per thread the chunk column c is fixed and
 // the slot advances by a constant, so a chunk costs a shuffle pair, a few integer ops and its cp.async (the
 // formula is FoldSmemLayout's, checked against CuTe by tests/test_audit_kernels.py).
 template <int ROWS>
-__device__ __forceinline__ void load_stage(uint32_t smem, int stage, const Elem* src, int64_t ld, int64_t extent,
+__device__ __forceinline__ void load_stage(uint32_t smem, int stage, const Elem* src, int64_t ld,
+                                           const Elem* carried, int64_t lds, int64_t n_stage, int64_t extent,
                                            int64_t r0, StagePlan rows) {
   static_assert(kBK == 64, "two plan entries per lane");
   constexpr int kChunks = ROWS / 8;       // 16-byte chunks per token row
@@ -158,6 +167,7 @@ __device__ __forceinline__ void load_stage(uint32_t smem, int stage, const Elem*
   // A whole chunk, the partial chunk at the right edge (its missing elements zero-filled), or none.
   const int bytes = col >= extent ? 0 : col + 8 <= extent ? 16 : static_cast<int>(extent - col) * 2;
   const Elem* src_col = src + (bytes > 0 ? col : 0);
+  const Elem* carried_col = carried + (bytes > 0 ? col : 0);
 #pragma unroll 4
   for (int j = 0; j < kBK / kStep; ++j) {
     const int t = t0 + j * kStep;
@@ -168,18 +178,19 @@ __device__ __forceinline__ void load_stage(uint32_t smem, int stage, const Elem*
     if (row < 0 || bytes == 0) {  // a zero row, or columns past the edge: 16 zero bytes, nothing read
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 0;\n" ::"r"(dst), "l"(src));
     } else {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src_col + row * ld),
-                   "r"(bytes));
+      const Elem* from = row < n_stage ? carried_col + row * lds : src_col + (row - n_stage) * ld;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
     }
   }
 }
 
 // Whether stage `rows` reads token rows first .. first + count - 1 in its first `count` slots (count >= 1) and
 // zero rows in the others: a canonical tile read in place, a sample's short last tile included. Such a stage
-// is loaded by TMA through the row-window map (see encode_window) when its window start first - (kBK - count)
-// is a row; any other stage (permuted rows, a -1 slot inside, a short tile at the tensor's first rows) by
+// is loaded by TMA through the row-window maps (see encode_window) when the run lies in one base (the carried
+// rows or the call's: `run_base`) and its window start there, first - (kBK - count), is a row; any other stage
+// (permuted rows, a -1 slot inside, a short tile at a base's first rows, a run across the two bases) by
 // cp.async. Every producer warp reaches the same answer (same plan entries).
-__device__ __forceinline__ bool stage_is_window(StagePlan rows, int lane, int32_t& first, int& count) {
+__device__ __forceinline__ bool stage_is_run(StagePlan rows, int lane, int32_t& first, int& count) {
   first = __shfl_sync(0xffffffffu, rows.lo, 0);
   const int64_t f = first;
   const uint64_t in_run = static_cast<uint64_t>(__ballot_sync(0xffffffffu, rows.lo == f + lane)) |
@@ -187,8 +198,20 @@ __device__ __forceinline__ bool stage_is_window(StagePlan rows, int lane, int32_
   const uint64_t zero = static_cast<uint64_t>(__ballot_sync(0xffffffffu, rows.lo < 0)) |
                         static_cast<uint64_t>(__ballot_sync(0xffffffffu, rows.hi < 0)) << 32;
   count = __popcll(in_run);
-  // in_run a prefix of the slots (bits 0 .. count - 1), every other slot a zero row, the window inside the rows
-  return f >= 0 && (in_run & (in_run + 1)) == 0 && zero == ~in_run && f >= kBK - count;
+  // in_run a prefix of the slots (bits 0 .. count - 1), every other slot a zero row
+  return f >= 0 && (in_run & (in_run + 1)) == 0 && zero == ~in_run;
+}
+
+// The run of stage_is_run as a window of one base: 1 = the carried rows, 2 = the call's (its first row there in
+// `local`), 0 = neither (the cp.async gather reads it).
+__device__ __forceinline__ int run_base(const Params& p, int32_t first, int count, int32_t& local) {
+  const int64_t skip = kBK - count;
+  if (first + count <= p.n_stage) {
+    local = first;
+    return first >= skip ? 1 : 0;
+  }
+  local = static_cast<int32_t>(first - p.n_stage);
+  return first >= p.n_stage && local >= skip ? 2 : 0;
 }
 
 // Stage `stage` <- token rows first .. first + count - 1, then kBK - count zero rows, by TMA: ROWS / kBox boxes
@@ -224,7 +247,9 @@ __device__ __forceinline__ void store_chunks(const float* staged, const Params& 
 
 template <int IO>
 __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p, const __grid_constant__ CUtensorMap tma_dy,
-                                                             const __grid_constant__ CUtensorMap tma_x) {
+                                                             const __grid_constant__ CUtensorMap tma_x,
+                                                             const __grid_constant__ CUtensorMap tma_dy_stage,
+                                                             const __grid_constant__ CUtensorMap tma_x_stage) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024u - (cast_smem_ptr_to_uint(smem_raw) & 1023u)) & 1023u;  // the 128-byte swizzle needs 1 KiB
   uint8_t* smem = smem_raw + pad;
@@ -264,25 +289,30 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p, const __gri
     if (leader) {
       prefetch_tma_descriptor(&tma_dy);
       prefetch_tma_descriptor(&tma_x);
+      if (p.n_stage > 0) {
+        prefetch_tma_descriptor(&tma_dy_stage);
+        prefetch_tma_descriptor(&tma_x_stage);
+      }
     }
     StagePlan rows = stage_plan(p.plan, p.T, 0, lane);
     for (int64_t kt = 0; kt < n_stages; ++kt) {
       const StagePlan next = stage_plan(p.plan, p.T, kt + 1, lane);  // in flight while this stage is issued
       const int stage = static_cast<int>(kt % kStages);
       if (kt >= kStages) EmptyBarrier::wait(empty + stage, static_cast<uint32_t>((kt / kStages + 1) & 1));
-      int32_t first;
+      int32_t first, local = 0;
       int count;
-      if (stage_is_window(rows, lane, first, count)) {
+      const int win = stage_is_run(rows, lane, first, count) ? run_base(p, first, count, local) : 0;
+      if (win != 0) {
         if (leader) {
           FullBarrier::arrive_and_expect_tx(full + stage, kStageBytes);
-          tma_stage<kBM>(&tma_dy, full + stage, base, stage, m0, first, count);
-          tma_stage<kBN>(&tma_x, full + stage, base + kSmemA, stage, n0, first, count);
+          tma_stage<kBM>(win == 1 ? &tma_dy_stage : &tma_dy, full + stage, base, stage, m0, local, count);
+          tma_stage<kBN>(win == 1 ? &tma_x_stage : &tma_x, full + stage, base + kSmemA, stage, n0, local, count);
         } else {
           FullBarrier::arrive(full + stage);
         }
       } else {
-        load_stage<kBM>(smem_a, stage, p.dy, p.ldy, p.N, m0, rows);
-        load_stage<kBN>(smem_b, stage, p.x, p.ldx, p.K, n0, rows);
+        load_stage<kBM>(smem_a, stage, p.dy, p.ldy, p.dy_stage, p.ldy_stage, p.n_stage, p.N, m0, rows);
+        load_stage<kBN>(smem_b, stage, p.x, p.ldx, p.x_stage, p.ldx_stage, p.n_stage, p.K, n0, rows);
         cp_async_arrive(full + stage);  // fires once this thread's copies of the stage have landed
       }
       rows = next;
@@ -412,11 +442,11 @@ int encode_window(CUtensorMap* map, const void* base, int64_t rows, int64_t cols
 }
 
 // One launch of the fold with main-grad I/O `IO`; the shared-memory opt-in is set once per device and kernel.
+// (maps[0..3]: the row windows of the call's dY and X, then of the carried rows' dY and X)
 template <MainGradIO IO>
-int launch_fold(const Params& p, const CUtensorMap& tma_dy, const CUtensorMap& tma_x, unsigned grid,
-                cudaStream_t s) {
+int launch_fold(const Params& p, const CUtensorMap (&maps)[4], unsigned grid, cudaStream_t s) {
   GS_TRY(dynamic_smem_once<fold_kernel<IO>>(kSmemBytes));
-  fold_kernel<IO><<<grid, kThreads, kSmemBytes, s>>>(p, tma_dy, tma_x);
+  fold_kernel<IO><<<grid, kThreads, kSmemBytes, s>>>(p, maps[0], maps[1], maps[2], maps[3]);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -425,7 +455,8 @@ int launch_fold(const Params& p, const CUtensorMap& tma_dy, const CUtensorMap& t
 }  // namespace fold90
 
 int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uintptr_t grad, int64_t rows,
-                      int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, uintptr_t stream) {
+                      int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, uintptr_t stream,
+                      uintptr_t stage_dy, uintptr_t stage_x, int64_t n_stage, int64_t stage_ldy, int64_t stage_ldx) {
   using namespace fold90;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
   static_assert(kBM * kStageLd * 4 <= kSmemBarrier, "the staging tile fits over the stages");
@@ -438,25 +469,37 @@ int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uint
   p.ldy = ldy;
   p.x = reinterpret_cast<const Elem*>(x);
   p.ldx = ldx;
+  p.n_stage = n_stage > 0 ? n_stage : 0;  // (no carried rows: the stage bases are the call's, never read)
+  p.dy_stage = p.n_stage > 0 ? reinterpret_cast<const Elem*>(stage_dy) : p.dy;
+  p.ldy_stage = p.n_stage > 0 ? stage_ldy : ldy;
+  p.x_stage = p.n_stage > 0 ? reinterpret_cast<const Elem*>(stage_x) : p.x;
+  p.ldx_stage = p.n_stage > 0 ? stage_ldx : ldx;
   p.g = reinterpret_cast<float*>(grad);
   p.ldg = ldg;
   p.N = N;
   p.K = K;
   p.tiles_m = static_cast<int>(tiles_m);
   p.tiles_n = static_cast<int>(tiles_n);
-  CUtensorMap tma_dy{}, tma_x{};  // row windows of dY [rows, N] and X [rows, K]
-  if (rows > 0) {  // with no rows every plan entry is -1: no stage reads a window, the maps are never read
-    int err = encode_window(&tma_dy, p.dy, rows, N, ldy);
-    if (err == 0) err = encode_window(&tma_x, p.x, rows, K, ldx);
+  // Row windows of the call's dY [rows, N] and X [rows, K], then of the carried dY [n_stage, N] and X [n_stage, K].
+  // A base with no rows gets no map: no stage's run lies in it (run_base), so its map is never read.
+  CUtensorMap maps[4] = {};
+  if (rows > 0) {
+    int err = encode_window(&maps[0], p.dy, rows, N, ldy);
+    if (err == 0) err = encode_window(&maps[1], p.x, rows, K, ldx);
     if (err != 0) return err;  // nothing launched
+  }
+  if (p.n_stage > 0) {
+    int err = encode_window(&maps[2], p.dy_stage, p.n_stage, N, p.ldy_stage);
+    if (err == 0) err = encode_window(&maps[3], p.x_stage, p.n_stage, K, p.ldx_stage);
+    if (err != 0) return err;
   }
   const uintptr_t g = reinterpret_cast<uintptr_t>(p.g);
   const unsigned grid = static_cast<unsigned>(tiles_m * tiles_n);
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   // The widest main-grad access the alignment of the grad allows (16-byte chunks, 8-byte pairs, elements).
-  if (ldg % 4 == 0 && K % 4 == 0 && g % 16 == 0) return launch_fold<kChunkedStore>(p, tma_dy, tma_x, grid, s);
-  if (ldg % 2 == 0 && K % 2 == 0 && g % 8 == 0) return launch_fold<kPairs>(p, tma_dy, tma_x, grid, s);
-  return launch_fold<kElements>(p, tma_dy, tma_x, grid, s);
+  if (ldg % 4 == 0 && K % 4 == 0 && g % 16 == 0) return launch_fold<kChunkedStore>(p, maps, grid, s);
+  if (ldg % 2 == 0 && K % 2 == 0 && g % 8 == 0) return launch_fold<kPairs>(p, maps, grid, s);
+  return launch_fold<kElements>(p, maps, grid, s);
 }
 
 }  // namespace gs

@@ -38,8 +38,11 @@ int rms_norm_fwd(uintptr_t x, uintptr_t w, uintptr_t y, uintptr_t rstd, int64_t 
                  float eps, int device, uintptr_t stream, int warp_rows = -1);
 int rms_norm_bwd_dx(uintptr_t dy, uintptr_t x, uintptr_t w, uintptr_t rstd, uintptr_t dx, int64_t rows,
                     int64_t hidden, int device, uintptr_t stream, int warp_rows = -1);
+// dw_tiles / dw_fold: the plan indexes the fold's row space (common.cuh, FoldRows): rows [0, n_stage) of the
+// stage_* tensors (carried rows, read in place), then the call's dy / x / rstd (n_stage 0: the call's alone).
 int rms_norm_dw_tiles(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x,
-                      uintptr_t rstd, uintptr_t partial, int64_t hidden, int device, uintptr_t stream);
+                      uintptr_t rstd, uintptr_t partial, int64_t hidden, int device, uintptr_t stream,
+                      uintptr_t stage_dy = 0, uintptr_t stage_x = 0, uintptr_t stage_rstd = 0, int64_t n_stage = 0);
 int fold_tiles(uintptr_t partial, int64_t n_tiles, uintptr_t main_grad, int64_t cols, int device,
                uintptr_t stream);
 
@@ -54,7 +57,8 @@ int rope(uintptr_t x, uintptr_t positions, uintptr_t y, int64_t rows, int64_t he
 
 // qk_norm.cu (forward and dx are rms_norm's kernels on [R * heads, head_dim])
 int qk_norm_dw_tiles(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t rstd,
-                     uintptr_t partial, int64_t heads, int64_t head_dim, int device, uintptr_t stream);
+                     uintptr_t partial, int64_t heads, int64_t head_dim, int device, uintptr_t stream,
+                     uintptr_t stage_dy = 0, uintptr_t stage_x = 0, uintptr_t stage_rstd = 0, int64_t n_stage = 0);
 
 // gather.cu
 int embedding_fwd(uintptr_t ids, uintptr_t weight, uintptr_t y, int64_t rows, int64_t V, int64_t H, int device,
@@ -96,9 +100,11 @@ int gemm_sm90_nt(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, in
                  int64_t ldb, int64_t ldc, int device, uintptr_t stream);
 int gemm_sm90_nn(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
                  int64_t ldb, int64_t ldc, int device, uintptr_t stream);
+// (stage_dy [n_stage, N] and stage_x [n_stage, K] with leading dimensions stage_ldy / stage_ldx: the carried rows)
 int gemm_dw_fold(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t grad,
                  int64_t rows, int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, int device,
-                 uintptr_t stream, int path = kGemmAuto);
+                 uintptr_t stream, int path = kGemmAuto, uintptr_t stage_dy = 0, uintptr_t stage_x = 0,
+                 int64_t n_stage = 0, int64_t stage_ldy = 0, int64_t stage_ldx = 0);
 // llp_sm90.cu (CUTLASS, fp32 out: D = the accumulator; linear_logp's logits on Hopper)
 int gemm_sm90_nt_f32(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64_t N, int64_t K, int64_t lda,
                      int64_t ldb, int64_t ldc, int device, uintptr_t stream);
@@ -107,7 +113,9 @@ int gemm_sm90_nn_f32_add(uintptr_t a, uintptr_t b, uintptr_t c, int64_t M, int64
                          int64_t ldb, int64_t ldc, int device, uintptr_t stream);
 // gemm_fold_sm90.cu (CuTe wgmma; T = n_tiles * tile token slots; on the current device: gemm_dw_fold's guard set it)
 int gemm_sm90_dw_fold(uintptr_t plan, int64_t T, uintptr_t dy, uintptr_t x, uintptr_t grad, int64_t rows,
-                      int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, uintptr_t stream);
+                      int64_t N, int64_t K, int64_t ldy, int64_t ldx, int64_t ldg, uintptr_t stream,
+                      uintptr_t stage_dy = 0, uintptr_t stage_x = 0, int64_t n_stage = 0, int64_t stage_ldy = 0,
+                      int64_t stage_ldx = 0);
 
 // linear_logp.cu (part: fp32 scratch of 3 * ceil(V / kLlpVChunk) * R floats). On Hopper the logits go through
 // `logits`, an fp32 scratch of R x ldl (llp_forward: ldl a positive multiple of kLlpVChunk, the vocabulary

@@ -34,7 +34,14 @@ struct GemmArgs {
   int64_t ldb;
   int64_t M, N, K;
   const int32_t* kmap;  // nullptr: identity; else K entries (row of the M/N-major operands, -1 = zero row)
-  bool vec_a, vec_b;    // 16-byte cp.async allowed (base 16-byte aligned and ld % 8 == 0)
+  bool vec_a, vec_b;    // 16-byte cp.async allowed (base 16-byte aligned and ld % 8 == 0; the stage bases too)
+  // With a kmap, its rows [0, n_stage) are rows of a_stage / b_stage (a fold's carried rows, read in place: common.cuh
+  // FoldRows) and row r >= n_stage is row r - n_stage of a / b. n_stage 0: a / b alone.
+  const bf16* a_stage = nullptr;
+  int64_t lda_stage = 0;
+  const bf16* b_stage = nullptr;
+  int64_t ldb_stage = 0;
+  int64_t n_stage = 0;
 };
 
 // BM x BN output tile, BK k per stage, warps of WM x WN, STAGES-deep cp.async pipeline.
@@ -115,9 +122,11 @@ __device__ __forceinline__ void load8(bf16* dst, const bf16* row, int64_t col, i
 }
 
 // Loads one operand tile for output rows [r0, r0 + ROWS) and k [k0, k0 + BK) into shared memory.
+// (A gathered token row r < n_stage comes from `stage` (leading dimension lds): a fold's carried rows.)
 template <bool KMAJ, int ROWS, int BK, int THREADS>
 __device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t ld, int64_t nrows, int64_t r0,
-                                          int64_t K, int64_t k0, const int32_t* kmap, bool vec) {
+                                          int64_t K, int64_t k0, const int32_t* kmap, bool vec,
+                                          const bf16* stage = nullptr, int64_t lds = 0, int64_t n_stage = 0) {
   using T = TileShape<KMAJ, ROWS, BK>;
   constexpr int CPR = (T::C - 8) / 8;  // 16-byte chunks per shared-memory row
   constexpr int TOTAL = T::R * CPR;
@@ -132,7 +141,8 @@ __device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t ld, in
       const int64_t k = k0 + r;
       int64_t src = k < K ? k : -1;
       if (kmap != nullptr && src >= 0) src = __ldg(kmap + src);
-      load8(dst, src >= 0 ? g + src * ld : nullptr, r0 + c * 8, nrows, vec);
+      const bf16* row = src < 0 ? nullptr : src < n_stage ? stage + src * lds : g + (src - n_stage) * ld;
+      load8(dst, row, r0 + c * 8, nrows, vec);
     }
   }
 }
@@ -154,8 +164,10 @@ __device__ __forceinline__ void mainloop(float (&acc)[C::MI][C::NJ][4], const Ge
   auto load_stage = [&](int64_t kt) {
     bf16* sa = smem + (kt % C::STAGES) * S::STAGE;
     bf16* sb = sa + TA::ELEMS;
-    load_tile<A_KMAJ, C::BM, C::BK, C::THREADS>(sa, g.a, g.lda, g.M, m0, g.K, kt * C::BK, g.kmap, g.vec_a);
-    load_tile<B_KMAJ, C::BN, C::BK, C::THREADS>(sb, g.b, g.ldb, g.N, n0, g.K, kt * C::BK, g.kmap, g.vec_b);
+    load_tile<A_KMAJ, C::BM, C::BK, C::THREADS>(sa, g.a, g.lda, g.M, m0, g.K, kt * C::BK, g.kmap, g.vec_a, g.a_stage,
+                                                g.lda_stage, g.n_stage);
+    load_tile<B_KMAJ, C::BN, C::BK, C::THREADS>(sb, g.b, g.ldb, g.N, n0, g.K, kt * C::BK, g.kmap, g.vec_b, g.b_stage,
+                                                g.ldb_stage, g.n_stage);
   };
 
 #pragma unroll

@@ -22,9 +22,8 @@ constexpr int kUnroll = 4;
 // ran at ~20% of copy bandwidth).
 template <bool ALIGNED>
 __global__ void __launch_bounds__(kBlock) qk_dw_tiles_kernel(const int32_t* __restrict__ plan, int64_t tile,
-                                                             const bf16* __restrict__ dy,
-                                                             const bf16* __restrict__ x,
-                                                             const float* __restrict__ rstd,
+                                                             const FoldRows<bf16> dy, const FoldRows<bf16> x,
+                                                             const FoldRows<float> rstd,
                                                              float* __restrict__ partial, int64_t heads,
                                                              int64_t D, int streams) {
   __shared__ float red[kBlock * 8];
@@ -50,10 +49,12 @@ __global__ void __launch_bounds__(kBlock) qk_dw_tiles_kernel(const int32_t* __re
       const int64_t j = q / heads;
       const int32_t idx = (q < nq && cols) ? __ldg(p + j) : -1;
       live[u] = idx >= 0;  // -1: a zero row, nothing is loaded
-      const int64_t row = live[u] ? static_cast<int64_t>(idx) * heads + (q - j * heads) : 0;
-      xv[u] = live[u] ? load_chunk<ALIGNED>(x + row * D, v, D) : make_uint4(0u, 0u, 0u, 0u);
-      gv[u] = live[u] ? load_chunk<ALIGNED>(dy + row * D, v, D) : make_uint4(0u, 0u, 0u, 0u);
-      r[u] = live[u] ? __ldg(rstd + row) : 0.0f;
+      // token row idx of the fold's row space (carried or the call's; heads rows of D each), then head q - j * heads
+      const bool carried = idx < x.n_stage;
+      const int64_t row = live[u] ? (carried ? idx : idx - x.n_stage) * heads + (q - j * heads) : 0;
+      xv[u] = live[u] ? load_chunk<ALIGNED>(x.at(carried, row, D), v, D) : make_uint4(0u, 0u, 0u, 0u);
+      gv[u] = live[u] ? load_chunk<ALIGNED>(dy.at(carried, row, D), v, D) : make_uint4(0u, 0u, 0u, 0u);
+      r[u] = live[u] ? __ldg(rstd.at(carried, row, 1)) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -86,13 +87,14 @@ __global__ void __launch_bounds__(kBlock) qk_dw_tiles_kernel(const int32_t* __re
 }  // namespace
 
 int qk_norm_dw_tiles(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t rstd,
-                     uintptr_t partial, int64_t heads, int64_t head_dim, int device, uintptr_t stream) {
+                     uintptr_t partial, int64_t heads, int64_t head_dim, int device, uintptr_t stream,
+                     uintptr_t stage_dy, uintptr_t stage_x, uintptr_t stage_rstd, int64_t n_stage) {
   if (n_tiles == 0 || head_dim == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
-  const auto* gp = reinterpret_cast<const bf16*>(dy);
-  const auto* xp = reinterpret_cast<const bf16*>(x);
-  const bool al = head_dim % 8 == 0 && aligned16(gp) && aligned16(xp);
+  const FoldRows<bf16> gp = fold_rows<bf16>(stage_dy, dy, n_stage), xp = fold_rows<bf16>(stage_x, x, n_stage);
+  const bool al = head_dim % 8 == 0 && aligned16(gp.call) && aligned16(gp.stage) && aligned16(xp.call) &&
+                  aligned16(xp.stage);
   const int64_t nvec = (head_dim + 7) / 8;
   int chunks = 1;  // threads per stream: the power of two >= nvec, at most kBlock (a function of head_dim only)
   while (chunks < nvec && chunks < kBlock) chunks *= 2;
@@ -100,7 +102,7 @@ int qk_norm_dw_tiles(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>((nvec + chunks - 1) / chunks));
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   const auto* pp = reinterpret_cast<const int32_t*>(plan);
-  const auto* rp = reinterpret_cast<const float*>(rstd);
+  const FoldRows<float> rp = fold_rows<float>(stage_rstd, rstd, n_stage);
   auto* op = reinterpret_cast<float*>(partial);
   if (al) {
     qk_dw_tiles_kernel<true><<<grid, kBlock, 0, s>>>(pp, tile, gp, xp, rp, op, heads, head_dim, streams);

@@ -255,12 +255,13 @@ RowLaunch row_launch(int64_t rows, int64_t hidden, int warp_rows) {
 }
 
 // partial[t, :] = sum over j = 0 .. tile-1 (in that order) of dy[plan[t, j]] * (x[plan[t, j]] * rstd[plan[t, j]]),
-// rows with plan index -1 skipped (zero rows). blockIdx.x = tile, blockIdx.y * blockDim.x + threadIdx.x = chunk.
-template <bool ALIGNED>
+// rows with plan index -1 skipped (zero rows); rows of the fold's row space (FoldRows: carried rows read in place;
+// CARRIED false: none, the call's rows alone, as before the row space had two bases: 56 registers against 64).
+// blockIdx.x = tile, blockIdx.y * blockDim.x + threadIdx.x = chunk.
+template <bool ALIGNED, bool CARRIED>
 __global__ void __launch_bounds__(kTileThreads) rms_dw_tiles_kernel(const int32_t* __restrict__ plan, int64_t tile,
-                                                                    const bf16* __restrict__ dy,
-                                                                    const bf16* __restrict__ x,
-                                                                    const float* __restrict__ rstd,
+                                                                    const FoldRows<bf16> dy, const FoldRows<bf16> x,
+                                                                    const FoldRows<float> rstd,
                                                                     float* __restrict__ partial, int64_t hidden) {
   const int64_t t = blockIdx.x;
   const int64_t v = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
@@ -279,10 +280,12 @@ __global__ void __launch_bounds__(kTileThreads) rms_dw_tiles_kernel(const int32_
 #pragma unroll
     for (int u = 0; u < kTileUnroll; ++u) {
       const int64_t src = idx[u] < 0 ? 0 : idx[u];  // a zero row loads row 0 and discards it
-      if (idx[u] >= 0) {
-        xv[u] = load_chunk<ALIGNED>(x + src * hidden, v, hidden);
-        gv[u] = load_chunk<ALIGNED>(dy + src * hidden, v, hidden);
-        r[u] = __ldg(rstd + src);
+      if (idx[u] >= 0) {  // (its base and index there, once for the three tensors of the row space)
+        const bool carried = CARRIED && src < x.n_stage;
+        const int64_t local = carried || !CARRIED ? src : src - x.n_stage;
+        xv[u] = load_chunk<ALIGNED>(x.at(carried, local, hidden), v, hidden);
+        gv[u] = load_chunk<ALIGNED>(dy.at(carried, local, hidden), v, hidden);
+        r[u] = __ldg(rstd.at(carried, local, 1));
       } else {
         xv[u] = make_uint4(0u, 0u, 0u, 0u);
         gv[u] = xv[u];
@@ -378,25 +381,28 @@ int rms_norm_bwd_dx(uintptr_t dy, uintptr_t x, uintptr_t w, uintptr_t rstd, uint
 }
 
 int rms_norm_dw_tiles(uintptr_t plan, int64_t n_tiles, int64_t tile, uintptr_t dy, uintptr_t x, uintptr_t rstd,
-                      uintptr_t partial, int64_t hidden, int device, uintptr_t stream) {
+                      uintptr_t partial, int64_t hidden, int device, uintptr_t stream, uintptr_t stage_dy,
+                      uintptr_t stage_x, uintptr_t stage_rstd, int64_t n_stage) {
   if (n_tiles == 0 || hidden == 0) return 0;
   DeviceGuard guard(device);
   GS_TRY(guard.status());
   const auto* pp = reinterpret_cast<const int32_t*>(plan);
-  const auto* gp = reinterpret_cast<const bf16*>(dy);
-  const auto* xp = reinterpret_cast<const bf16*>(x);
-  const auto* rp = reinterpret_cast<const float*>(rstd);
+  const FoldRows<bf16> gp = fold_rows<bf16>(stage_dy, dy, n_stage), xp = fold_rows<bf16>(stage_x, x, n_stage);
+  const FoldRows<float> rp = fold_rows<float>(stage_rstd, rstd, n_stage);
   auto* op = reinterpret_cast<float*>(partial);
-  const bool al = hidden % 8 == 0 && aligned16(gp) && aligned16(xp) && aligned16(op);
+  const bool al = hidden % 8 == 0 && aligned16(gp.call) && aligned16(gp.stage) && aligned16(xp.call) &&
+                  aligned16(xp.stage) && aligned16(op);
   const int64_t nvec = (hidden + 7) / 8;
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>((nvec + kTileThreads - 1) / kTileThreads));
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  if (al) {
-    rms_dw_tiles_kernel<true><<<grid, kTileThreads, 0, s>>>(pp, tile, gp, xp, rp, op, hidden);
-  } else {
-    rms_dw_tiles_kernel<false><<<grid, kTileThreads, 0, s>>>(pp, tile, gp, xp, rp, op, hidden);
-  }
-  return static_cast<int>(cudaGetLastError());
+  return launch_aligned(al, [&](auto aligned) {
+    constexpr bool A = decltype(aligned)::value;
+    if (n_stage > 0) {
+      rms_dw_tiles_kernel<A, true><<<grid, kTileThreads, 0, s>>>(pp, tile, gp, xp, rp, op, hidden);
+    } else {
+      rms_dw_tiles_kernel<A, false><<<grid, kTileThreads, 0, s>>>(pp, tile, gp, xp, rp, op, hidden);
+    }
+  });
 }
 
 int fold_tiles(uintptr_t partial, int64_t n_tiles, uintptr_t main_grad, int64_t cols, int device,

@@ -279,18 +279,38 @@ class _RunRows(RowIdentity):
 class FoldStep:
     """The tiles one kernel launch must fold now, as a row-index table (``CanonicalFold.take``).
 
-    ``plan[t, j]`` indexes a row of every tensor in ``tensors`` (``-1``: a zero row); tile t of
-    the plan is canonical tile ``first_tile + t``. ``tensors`` are the caller's tensors when
-    nothing was carried, else carried rows followed by the caller's rows.
+    ``plan[t, j]`` indexes a row of the fold's row space (``-1``: a zero row); tile t of the plan is
+    canonical tile ``first_tile + t``. The row space is the first ``n_stage`` rows of the staging tensors
+    ``stage`` (carried rows of earlier calls), then the call's own tensors ``call``: row ``r < n_stage`` is
+    ``stage[i][r]``, row ``r >= n_stage`` is ``call[i][r - n_stage]``. A kernel that takes both bases reads
+    the carried rows in place beside the call's; ``tensors`` concatenates them (a device copy of every
+    row of the call) for one that takes one tensor.
     """
 
     plan: torch.Tensor
-    tensors: tuple[torch.Tensor, ...]
+    call: tuple[torch.Tensor, ...]
     first_tile: int
+    stage: tuple[torch.Tensor, ...] = ()
+    n_stage: int = 0
 
     @property
     def num_tiles(self) -> int:
         return int(self.plan.shape[0])
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The row space as one tensor per row tensor: the carried rows, then the call's (a copy when any
+        were carried; the call's own tensors when none were)."""
+        if not self.n_stage:
+            return self.call
+        return tuple(torch.cat([st, t]) for st, t in zip(self.stage, self.call))
+
+    @property
+    def bases(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """(staging, call) per row tensor, for a kernel that reads the carried rows in place: the staging
+        tensor is the call's own when nothing was carried (``n_stage`` 0: no plan entry reads it)."""
+        stage = self.stage if self.n_stage else self.call
+        return tuple(zip(stage, self.call))
 
 
 @dataclass(frozen=True)
@@ -846,7 +866,7 @@ class CanonicalFold:
         hit = self._replay_staged(seq, tensors)
         if hit is not None:
             plan, n_stage = hit
-            return FoldStep(plan, self._with_stage(tensors, n_stage), c0)
+            return FoldStep(plan, tensors, c0, *self._stage_rows(n_stage))
         as_pieces = stage_copy is not None
         if _native_plan is None:
             plan, n_stage, staged, all_ready = self._plan_table_host(runs, tensors, as_pieces)
@@ -860,7 +880,7 @@ class CanonicalFold:
             plan_dev = None
         if copy is not None:
             _run_stage_copy(self._backing, tensors, copy)
-        step = FoldStep(upload(plan, device) if plan_dev is None else plan_dev, self._with_stage(tensors, n_stage), c0)
+        step = FoldStep(upload(plan, device) if plan_dev is None else plan_dev, tensors, c0, *self._stage_rows(n_stage))
         if all_ready and not n_stage and key is not None:  # nothing staged, carried or read from staging
             self._remember(key, step.plan)
         else:
@@ -892,11 +912,12 @@ class CanonicalFold:
         plan[j[None, :] >= self.expected_rows(c0, n_ready)[:, None]] = -1
         return plan.astype(np.int32), n_stage, copy, bool(ready.all())
 
-    def _with_stage(self, tensors: tuple[torch.Tensor, ...], n_stage: int) -> tuple[torch.Tensor, ...]:
-        """The row tensors of a ``take`` step: the first ``n_stage`` staging rows, then the call's rows."""
+    def _stage_rows(self, n_stage: int) -> tuple[tuple[torch.Tensor, ...], int]:
+        """A ``take`` step's staging part: the first ``n_stage`` rows of every staging tensor (views: a kernel
+        launched before the next ``take`` reads them as they are now, in stream order), and ``n_stage``."""
         if not n_stage:
-            return tensors
-        return tuple(torch.cat([st[:n_stage], t]) for st, t in zip(self._backing, tensors))
+            return (), 0
+        return tuple(st[:n_stage] for st in self._backing), n_stage
 
     def finish(self) -> torch.Tensor:
         """Check that every token was folded and return the main grad."""

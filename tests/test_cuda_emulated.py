@@ -9,7 +9,8 @@ going red; rms_norm / qk_norm on every layout through both row paths (one warp p
 per row above), the two paths bit for bit on the same rows, and a planted reduction order going red; the portable
 GEMMs and the dW fold (det_gemm on every layout), and a planted fold that drops a call's last tile going red; SiLU,
 SwiGLU, RoPE, embedding, pack, logp, batch-invariant logp, lm_head and linear_logp (its mma.sync kernels) on every
-layout, and a planted batch-size-dependent logp going red. The
+layout, and a planted batch-size-dependent logp going red; the folds' carried rows read in place (the kernel-level
+checks of tests/test_cuda_fold_carried.py), and a planted wrong base going red. The
 emulation's rounding is not the H200's: the GPU tests (tests/test_cuda_attention.py, -m gpu)
 check the hardware's own bits. Skipped where g++ (C++20) or the CUDA headers are missing.
 """
@@ -23,6 +24,7 @@ from gradsweep.cuda_kernels import attention as attn
 from gradsweep.harness.kernel_check import check_kernel
 from gradsweep.results import Status
 from tests import test_cuda_attention as cuda_attention_tests
+from tests import test_cuda_fold_carried as carried_tests
 from tests import test_cuda_ops as cuda_ops_tests
 from tests.cuda_emu import build
 
@@ -142,8 +144,8 @@ def test_det_gemm_every_layout(kernels) -> None:
 def test_a_fold_that_drops_a_calls_last_tile_goes_red(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted in gemm.cu: the dW fold's token range one canonical tile short, so each call's last tile is never
     folded: a layout whose calls end their tiles elsewhere than the whole batch's (chunked) gets another dW."""
-    plant = ("gemm", "const GemmArgs g{yp, ldy, xp, ldx, N, K, T, reinterpret_cast<const int32_t*>(plan)",
-             "const GemmArgs g{yp, ldy, xp, ldx, N, K, T - tile, reinterpret_cast<const int32_t*>(plan)")
+    plant = ("gemm", "const GemmArgs g{fy.call, ldy, fx.call, ldx, N, K, T, reinterpret_cast<const int32_t*>(plan)",
+             "const GemmArgs g{fy.call, ldy, fx.call, ldx, N, K, T - tile, reinterpret_cast<const int32_t*>(plan)")
     build.install(monkeypatch, build.load(build.build(tmp_path, plant=plant)))
     report = check_kernel("det_gemm", "cuda.det_gemm", layouts=["bn_full", "bn_chunked"])
     assert report.cells["bn_chunked"].status == Status.RED_VERDICT, report.cells["bn_chunked"].first_failure
@@ -170,3 +172,25 @@ def test_a_batch_size_dependent_logp_goes_red(tmp_path, monkeypatch: pytest.Monk
     build.install(monkeypatch, build.load(build.build(tmp_path, plant=plant)))
     report = check_kernel("logp", "cuda.logp", lengths=[9, 3, 1], layouts=["bn_full", "b1_singleton"])
     assert report.cells["b1_singleton"].status == Status.RED_VERDICT, report.cells["b1_singleton"].first_failure
+
+
+def test_folds_read_carried_rows_in_place_as_the_concatenated_rows(emulated) -> None:
+    """Kernel level, as the GPU tests of tests/test_cuda_fold_carried.py: the mma.sync dW fold and the rms_norm /
+    qk_norm dweight tiles over two bases give the concatenated rows' bits (NaN around both bases, split calls)."""
+    bad = carried_tests.dw_fold_differences(emulated, 0, 0, [1], "cpu", shapes=((72, 136), (24, 40)))
+    for hidden in (200, 100):
+        bad += carried_tests.norm_tiles_differences(emulated, 0, 0, hidden, "cpu")
+    assert not bad, bad
+
+
+def test_a_fold_reading_carried_rows_from_the_call_goes_red(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted in gemm.cu: the mma.sync fold handed the call's bases for the carried rows (the row space's first
+    n_stage rows read from the wrong tensor): the kernel-level check and the chunked layout's dW both catch it."""
+    plant = ("gemm", "fy.stage, stage_ldy, fx.stage, stage_ldx, fy.n_stage};",
+             "fy.call, stage_ldy, fx.call, stage_ldx, fy.n_stage};")
+    planted = build.load(build.build(tmp_path, plant=plant))
+    bad = carried_tests.dw_fold_differences(planted, 0, 0, [1], "cpu", shapes=((24, 40),))
+    assert any("differs from concatenated" in b for b in bad), bad
+    build.install(monkeypatch, planted)
+    report = check_kernel("det_gemm", "cuda.det_gemm", layouts=["bn_full", "bn_chunked"])
+    assert report.cells["bn_chunked"].status == Status.RED_VERDICT, report.cells["bn_chunked"].first_failure

@@ -28,9 +28,11 @@ from tests.fakes import cuda_ext
 
 LAUNCHERS = ("qk_norm_dw_tiles", "embedding_fwd", "embedding_fold", "pack_rows", "logp_fwd", "logp_bwd",
              "gemm_nt", "gemm_nn", "gemm_dw_fold", "llp_forward", "llp_dlogits")
-# The ops the CPU stand-in implements (issue 10); the GPU also runs the row-wise ops of issue 7.
-STAND_IN_OPS = ("det_gemm", "lm_head", "linear_logp", "logp", "batch_invariant_logp", "embedding", "qk_norm", "pack")
-GPU_OPS = (*STAND_IN_OPS, "rms_norm", "rope", "silu", "swiglu")
+# The ops the CPU stand-in implements (issue 10, and rms_norm's fold glue); the GPU also runs the other row-wise
+# ops of issue 7.
+STAND_IN_OPS = ("det_gemm", "lm_head", "linear_logp", "logp", "batch_invariant_logp", "embedding", "qk_norm", "pack",
+                "rms_norm")
+GPU_OPS = (*STAND_IN_OPS, "rope", "silu", "swiglu")
 
 
 @pytest.fixture
@@ -51,9 +53,9 @@ def test_glue_on_cpu_stand_in(fake_ext, op: str) -> None:
 def test_a_fold_that_ignores_the_loaded_main_grad_is_red(fake_ext, monkeypatch: pytest.MonkeyPatch) -> None:
     real = fake_ext.gemm_dw_fold
 
-    def no_load(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream):
+    def no_load(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream, **carried):
         cuda_ext._rows(grad, N, K, ldg).zero_()
-        real(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream)
+        real(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream, **carried)
 
     monkeypatch.setattr(fake_ext, "gemm_dw_fold", no_load)
     report = check_kernel("det_gemm", "cuda.det_gemm", layouts=["bn_full"])
@@ -63,9 +65,9 @@ def test_a_fold_that_ignores_the_loaded_main_grad_is_red(fake_ext, monkeypatch: 
 def test_tiles_folded_in_reverse_are_red(fake_ext, monkeypatch: pytest.MonkeyPatch) -> None:
     real = fake_ext.gemm_dw_fold
 
-    def reversed_tiles(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream):
+    def reversed_tiles(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream, **carried):
         p = cuda_ext._t(plan).reshape(-1)[: n_tiles * tile].view(n_tiles, tile).flip(0).contiguous()
-        real(cuda_ext._ptr(p), n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream)
+        real(cuda_ext._ptr(p), n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream, **carried)
 
     monkeypatch.setattr(fake_ext, "gemm_dw_fold", reversed_tiles)
     report = check_kernel("det_gemm", "cuda.det_gemm", layouts=["bn_full", "bn_chunked"])

@@ -95,20 +95,32 @@ def matmul_add(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> torch.Ten
 def dw_fold(step: FoldStep, main_grad: torch.Tensor, x_index: int = 0, dy_index: int = 1) -> torch.Tensor:
     """Fold the step's canonical tiles of dY^T X into fp32 ``main_grad`` [N, K] (in place).
 
-    ``step.tensors[x_index]`` is X [S, K] and ``step.tensors[dy_index]`` is dY [S, N]; rows are read
-    through ``step.plan``. The kernel loads main_grad, folds tile after tile, stores it.
+    ``step.bases[x_index]`` holds X's carried rows and this call's X [S, K], ``step.bases[dy_index]`` dY's
+    [S, N]; rows are read through ``step.plan``, the carried ones in place from the fold's staging (no copy of
+    the call's rows). The kernel loads main_grad, folds tile after tile, stores it.
     """
-    return dw_fold_raw(step.plan, step.tensors[x_index], step.tensors[dy_index], main_grad)
+    (x_st, x), (dy_st, dy) = step.bases[x_index], step.bases[dy_index]
+    stage = (x_st, dy_st, step.n_stage) if step.n_stage else None
+    return dw_fold_raw(step.plan, x, dy, main_grad, stage)
 
 
-def dw_fold_raw(plan: torch.Tensor, x: torch.Tensor, dy: torch.Tensor,
-                main_grad: torch.Tensor) -> torch.Tensor:
-    """The fold kernel on explicit tensors (plan [n_tiles, tile] int32; main_grad may be a row slice)."""
+def dw_fold_raw(plan: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, main_grad: torch.Tensor,
+                stage: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
+    """The fold kernel on explicit tensors (plan [n_tiles, tile] int32; main_grad may be a row slice).
+
+    ``stage``: (X's, dY's carried rows, their count n): plan rows below n are theirs, row r >= n is row r - n of
+    ``x`` / ``dy`` (``FoldStep``'s row space); None: the plan indexes ``x`` / ``dy`` alone.
+    """
     n, k = main_grad.shape
     if main_grad.dtype != torch.float32 or main_grad.stride(1) != 1:
         raise ValueError("dw_fold: main_grad must be fp32 with contiguous rows")
     if x.shape[1] != k or dy.shape[1] != n or x.shape[0] != dy.shape[0]:
         raise ValueError(f"dw_fold: X {tuple(x.shape)}, dY {tuple(dy.shape)} do not fit main_grad {(n, k)}")
+    x_st, dy_st, n_stage = (x, dy, 0) if stage is None else stage
+    if n_stage and (x_st.shape[0] < n_stage or dy_st.shape[0] < n_stage or x_st.shape[1] != k
+                    or dy_st.shape[1] != n):
+        raise ValueError(f"dw_fold: carried X {tuple(x_st.shape)}, dY {tuple(dy_st.shape)} do not hold {n_stage} "
+                         f"rows of widths {k} / {n}")
     n_tiles, bt = plan.shape
     if n_tiles == 0 or n == 0 or k == 0:
         return main_grad
@@ -120,8 +132,17 @@ def dw_fold_raw(plan: torch.Tensor, x: torch.Tensor, dy: torch.Tensor,
     x, dy = _rows_contiguous(x), _rows_contiguous(dy)
     plan = rt.like(plan, x, torch.int32)
     dev, stream = rt.launch(x)
-    rt.ext().gemm_dw_fold(rt.ptr(plan), n_tiles, bt, rt.ptr(dy), rt.ptr(x), rt.ptr(main_grad), x.shape[0], n, k,
-                          dy.stride(0), x.stride(0), main_grad.stride(0), dev, stream)
+    ext = rt.ext()
+    if not n_stage:
+        ext.gemm_dw_fold(rt.ptr(plan), n_tiles, bt, rt.ptr(dy), rt.ptr(x), rt.ptr(main_grad), x.shape[0], n, k,
+                         dy.stride(0), x.stride(0), main_grad.stride(0), dev, stream)
+        return main_grad
+    rt.check_tensor("dw_fold carried X", x_st)
+    rt.check_tensor("dw_fold carried dY", dy_st)
+    x_st, dy_st = _rows_contiguous(x_st), _rows_contiguous(dy_st)
+    ext.gemm_dw_fold(rt.ptr(plan), n_tiles, bt, rt.ptr(dy), rt.ptr(x), rt.ptr(main_grad), x.shape[0], n, k,
+                     dy.stride(0), x.stride(0), main_grad.stride(0), dev, stream, stage_dy=rt.ptr(dy_st),
+                     stage_x=rt.ptr(x_st), n_stage=n_stage, stage_ldy=dy_st.stride(0), stage_ldx=x_st.stride(0))
     return main_grad
 
 

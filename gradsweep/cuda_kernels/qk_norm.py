@@ -39,13 +39,15 @@ def _fold_dweight(x: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, rows: R
     step = fold.take(rows, (dy, x, rstd), stage_copy=copy_pieces)
     if step.num_tiles == 0 or head_dim == 0:
         return
-    dy_s, x_s, r_s = (t.contiguous() for t in step.tensors)
+    # (carried rows, this call's rows) of dy, x and rstd: the carried rows are read in place, never concatenated
+    (dy_st, dy_c), (x_st, x_c), (r_st, r_c) = ((s.contiguous(), c.contiguous()) for s, c in step.bases)
     plan = rt.like(step.plan, x, torch.int32)
     partial = torch.empty((step.num_tiles, head_dim), dtype=torch.float32, device=x.device)
     dev, stream = rt.launch(x)
     ext = rt.ext()
-    ext.qk_norm_dw_tiles(rt.ptr(plan), step.num_tiles, int(plan.shape[1]), rt.ptr(dy_s), rt.ptr(x_s), rt.ptr(r_s),
-                         rt.ptr(partial), heads, head_dim, dev, stream)
+    ext.qk_norm_dw_tiles(rt.ptr(plan), step.num_tiles, int(plan.shape[1]), rt.ptr(dy_c), rt.ptr(x_c), rt.ptr(r_c),
+                         rt.ptr(partial), heads, head_dim, dev, stream, stage_dy=rt.ptr(dy_st), stage_x=rt.ptr(x_st),
+                         stage_rstd=rt.ptr(r_st), n_stage=step.n_stage)
     ext.fold_tiles(rt.ptr(partial), step.num_tiles, rt.ptr(fold.main_grad), head_dim, dev, stream)
 
 

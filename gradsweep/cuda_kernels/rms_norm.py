@@ -4,8 +4,9 @@ Forward and dx are row-wise, one CUDA block per row with a block size set by H a
 per row, several rows per block, with the one-warp block's lane map and reduction: the same bits), so a row's
 bits never depend on how many rows share the call. dweight follows the canonical protocol: the backward calls
 ``fold.take(rows, (dy, x, rstd))`` and launches two kernels on the returned plan: per-tile sums (rows in
-slot order) then a sequential fold of those sums, tile after tile, into fold.main_grad (loaded by the
-kernel, stored back). The weight's returned gradient is None: the trainer reads fold.main_grad.
+slot order; rows carried from earlier calls read in place from the fold's staging, beside this call's) then a
+sequential fold of those sums, tile after tile, into fold.main_grad (loaded by the kernel, stored back). The
+weight's returned gradient is None: the trainer reads fold.main_grad.
 """
 
 from __future__ import annotations
@@ -50,13 +51,15 @@ def rms_norm_fold_dweight(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
     step = fold.take(rows, (dy, x, rstd), stage_copy=copy_pieces)
     if step.num_tiles == 0 or hidden == 0:
         return
-    dy_s, x_s, r_s = (t.contiguous() for t in step.tensors)
+    # (carried rows, this call's rows) of dy, x and rstd: the carried rows are read in place, never concatenated
+    (dy_st, dy_c), (x_st, x_c), (r_st, r_c) = ((s.contiguous(), c.contiguous()) for s, c in step.bases)
     plan = rt.like(step.plan, x, torch.int32)
     partial = torch.empty((step.num_tiles, hidden), dtype=torch.float32, device=x.device)
     dev, stream = rt.launch(x)
     ext = rt.ext()
-    ext.rms_norm_dw_tiles(rt.ptr(plan), step.num_tiles, int(plan.shape[1]), rt.ptr(dy_s), rt.ptr(x_s),
-                          rt.ptr(r_s), rt.ptr(partial), hidden, dev, stream)
+    ext.rms_norm_dw_tiles(rt.ptr(plan), step.num_tiles, int(plan.shape[1]), rt.ptr(dy_c), rt.ptr(x_c),
+                          rt.ptr(r_c), rt.ptr(partial), hidden, dev, stream, stage_dy=rt.ptr(dy_st),
+                          stage_x=rt.ptr(x_st), stage_rstd=rt.ptr(r_st), n_stage=step.n_stage)
     ext.fold_tiles(rt.ptr(partial), step.num_tiles, rt.ptr(fold.main_grad), hidden, dev, stream)
 
 

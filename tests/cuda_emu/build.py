@@ -101,12 +101,14 @@ int emu_rms_norm_fwd(U x, U w, U y, U r, int64_t rows, int64_t h, float eps, int
 int emu_rms_norm_bwd_dx(U dy, U x, U w, U r, U dx, int64_t rows, int64_t h, int warp_rows) {
   return gs::rms_norm_bwd_dx(dy, x, w, r, dx, rows, h, 0, 0, warp_rows);
 }
-int emu_rms_norm_dw_tiles(U plan, int64_t n, int64_t tile, U dy, U x, U r, U part, int64_t h) {
-  return gs::rms_norm_dw_tiles(plan, n, tile, dy, x, r, part, h, 0, 0);
+int emu_rms_norm_dw_tiles(U plan, int64_t n, int64_t tile, U dy, U x, U r, U part, int64_t h, U sdy, U sx, U sr,
+                          int64_t ns) {
+  return gs::rms_norm_dw_tiles(plan, n, tile, dy, x, r, part, h, 0, 0, sdy, sx, sr, ns);
 }
 int emu_fold_tiles(U part, int64_t n, U grad, int64_t cols) { return gs::fold_tiles(part, n, grad, cols, 0, 0); }
-int emu_qk_norm_dw_tiles(U plan, int64_t n, int64_t tile, U dy, U x, U r, U part, int64_t heads, int64_t d) {
-  return gs::qk_norm_dw_tiles(plan, n, tile, dy, x, r, part, heads, d, 0, 0);
+int emu_qk_norm_dw_tiles(U plan, int64_t n, int64_t tile, U dy, U x, U r, U part, int64_t heads, int64_t d, U sdy,
+                         U sx, U sr, int64_t ns) {
+  return gs::qk_norm_dw_tiles(plan, n, tile, dy, x, r, part, heads, d, 0, 0, sdy, sx, sr, ns);
 }
 int emu_gemm_nt(U a, U b, U c, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
   return gs::gemm_nt(a, b, c, M, N, K, lda, ldb, ldc, 0, 0, gs::kGemmPortable);
@@ -115,8 +117,9 @@ int emu_gemm_nn(U a, U b, U c, int64_t M, int64_t N, int64_t K, int64_t lda, int
   return gs::gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, out, 0, 0, gs::kGemmPortable);
 }
 int emu_gemm_dw_fold(U plan, int64_t n, int64_t tile, U dy, U x, U g, int64_t rows, int64_t N, int64_t K,
-                     int64_t ldy, int64_t ldx, int64_t ldg) {
-  return gs::gemm_dw_fold(plan, n, tile, dy, x, g, rows, N, K, ldy, ldx, ldg, 0, 0, gs::kGemmPortable);
+                     int64_t ldy, int64_t ldx, int64_t ldg, U sdy, U sx, int64_t ns, int64_t sldy, int64_t sldx) {
+  return gs::gemm_dw_fold(plan, n, tile, dy, x, g, rows, N, K, ldy, ldx, ldg, 0, 0, gs::kGemmPortable, sdy, sx, ns,
+                          sldy, sldx);
 }
 int emu_silu_fwd(U x, U y, int64_t n) { return gs::silu_fwd(x, y, n, 0, 0); }
 int emu_silu_bwd(U x, U dy, U dx, int64_t n) { return gs::silu_bwd(x, dy, dx, n, 0, 0); }
@@ -278,14 +281,25 @@ def load(lib: Path) -> SimpleNamespace:
         "pack_rows": [U, U, U, L, L, L, N], "logp_fwd": [U] * 4 + [L, L, L], "logp_bwd": [U] * 5 + [L, L, L, L],
         "llp_forward": [U] * 6 + [L] * 5 + [U, L], "llp_dlogits": [U] * 6 + [L] * 8 + [U, L],
     }
+    # keyword arguments of the real launchers, passed on after the positional ones (0: not given): the folds'
+    # carried rows (csrc/common.cuh, FoldRows)
+    keywords = {name: ("stage_dy", "stage_x", "stage_rstd", "n_stage")
+                for name in ("rms_norm_dw_tiles", "qk_norm_dw_tiles")}
+    keywords["gemm_dw_fold"] = ("stage_dy", "stage_x", "n_stage", "stage_ldy", "stage_ldx")
+    for name, kws in keywords.items():
+        sigs[name] = sigs[name] + [L if k.startswith(("n_", "stage_ld")) else U for k in kws]
     ns = SimpleNamespace()
     for name, argtypes in sigs.items():
         fn = getattr(so, f"emu_{name}")
         fn.argtypes = argtypes
-        n_args = len(argtypes)
+        kws = keywords.get(name, ())
+        n_args = len(argtypes) - len(kws)
 
-        def launcher(*args, _fn=fn, _n=n_args, _name=name):  # the real launchers end with (device, stream)
-            rc = _fn(*[int(a) if isinstance(a, bool) else a for a in args[:_n]])
+        def launcher(*args, _fn=fn, _n=n_args, _name=name, _kws=kws, **kw):  # the real ones end (device, stream)
+            unknown = set(kw) - set(_kws)
+            if unknown:
+                raise TypeError(f"emulated {_name}: unexpected keyword arguments {sorted(unknown)}")
+            rc = _fn(*[int(a) if isinstance(a, bool) else a for a in args[:_n]], *[int(kw.get(k, 0)) for k in _kws])
             if rc != 0:
                 raise RuntimeError(f"emulated {_name}: CUDA error {rc}")
 

@@ -63,8 +63,29 @@ def _tile_rows(plan: int, n_tiles: int, tile: int):
     return [[int(i) for i in p[t] if int(i) >= 0] for t in range(n_tiles)]
 
 
-def rms_norm_dw_tiles(plan, n_tiles, tile, dy, x, rstd, partial, hidden, device, stream):
-    raise NotImplementedError("not used by the ops of issue 10")
+def _row_space(call: int, stage: int, n_stage: int, what: str):
+    """Row r of a fold's row space (csrc/common.cuh, FoldRows): the carried tensor's row r below n_stage, else the
+    call's row r - n_stage. A launcher that passes n_stage > 0 without the carried base is refused, as _C does."""
+    c = _t(call)
+    if n_stage and not stage:
+        raise ValueError(f"{what}: n_stage > 0 needs every stage_* base (the carried rows' tensors)")
+    s = _t(stage) if n_stage else c
+
+    def row(r: int) -> torch.Tensor:
+        return s[r] if r < n_stage else c[r - n_stage]
+    return row
+
+
+def rms_norm_dw_tiles(plan, n_tiles, tile, dy, x, rstd, partial, hidden, device, stream, stage_dy=0, stage_x=0,
+                      stage_rstd=0, n_stage=0):
+    xs, gs = _row_space(x, stage_x, n_stage, "rms_norm_dw_tiles"), _row_space(dy, stage_dy, n_stage, "")
+    rs = _row_space(rstd, stage_rstd, n_stage, "")
+    out = _t(partial).view(-1)[: n_tiles * hidden].view(n_tiles, hidden)
+    for t, idx in enumerate(_tile_rows(plan, n_tiles, tile)):
+        acc = torch.zeros(hidden, dtype=torch.float32)
+        for i in idx:  # rows in slot order, as the kernel (fma of g and x * rstd)
+            acc = acc + gs(i).float() * (xs(i).float() * rs(i))
+        out[t] = acc
 
 
 def fold_tiles(partial, n_tiles, main_grad, cols, device, stream):
@@ -74,14 +95,17 @@ def fold_tiles(partial, n_tiles, main_grad, cols, device, stream):
         acc[:cols] = acc[:cols] + part[t]
 
 
-def qk_norm_dw_tiles(plan, n_tiles, tile, dy, x, rstd, partial, heads, head_dim, device, stream):
-    xs, gs, rs = _t(x), _t(dy), _t(rstd)
+def qk_norm_dw_tiles(plan, n_tiles, tile, dy, x, rstd, partial, heads, head_dim, device, stream, stage_dy=0,
+                     stage_x=0, stage_rstd=0, n_stage=0):
+    xs, gs = _row_space(x, stage_x, n_stage, "qk_norm_dw_tiles"), _row_space(dy, stage_dy, n_stage, "")
+    rs = _row_space(rstd, stage_rstd, n_stage, "")
     out = _t(partial)
     for t, idx in enumerate(_tile_rows(plan, n_tiles, tile)):
         acc = torch.zeros(head_dim, dtype=torch.float32)
         for i in idx:
+            xi, gi, ri = xs(i), gs(i), rs(i)
             for h in range(heads):
-                acc = acc + gs[i, h].float() * (xs[i, h].float() * rs[i, h])
+                acc = acc + gi[h].float() * (xi[h].float() * ri[h])
         out[t] = acc
 
 
@@ -165,9 +189,15 @@ def gemm_nn(a, b, c, M, N, K, lda, ldb, ldc, out, device, stream):
         c_rows.copy_(_bf16(prod))
 
 
-def gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream):
+def gemm_dw_fold(plan, n_tiles, tile, dy, x, grad, rows, N, K, ldy, ldx, ldg, device, stream, path=0, stage_dy=0,
+                 stage_x=0, n_stage=0, stage_ldy=0, stage_ldx=0):
     g = _rows(grad, N, K, ldg)
-    ys, xs = _t(dy), _t(x)
+    ys, xs = _rows(dy, rows, N, ldy), _rows(x, rows, K, ldx)
+    if n_stage:  # the carried rows first (the row space of csrc/common.cuh's FoldRows)
+        if not (stage_dy and stage_x):
+            raise ValueError("gemm_dw_fold: n_stage > 0 needs every stage_* base (the carried rows' tensors)")
+        ys = torch.cat([_rows(stage_dy, n_stage, N, stage_ldy), ys])
+        xs = torch.cat([_rows(stage_x, n_stage, K, stage_ldx), xs])
     for idx in _tile_rows(plan, n_tiles, tile):  # the fp32 accumulator after each tile is what a call stores
         if idx:
             ii = torch.tensor(idx)
