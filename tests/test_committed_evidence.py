@@ -65,14 +65,13 @@ _COLUMNS = ("triton", "cuda")
 
 def _evidence_figures() -> dict[tuple[str, str], set[str]]:
     """(op, family) -> every figure the committed bench files report for it, formatted as the reports format
-    them (end to end, kernels only, ratios of either); the host family's (the fold plan) under both columns."""
+    them (end to end, kernels only, ratios of either)."""
     out: dict[tuple[str, str], set[str]] = {}
     for path in BENCH:
         for case in read_bench(path).cases:
             for name, fam in case.families.items():
                 texts = {fmt_metric(metric, value) for metric, value in fam.metrics.items()}
-                for family in (_COLUMNS if name == "host" else (name,)):
-                    out.setdefault((case.op, family), set()).update(texts)
+                out.setdefault((case.op, name), set()).update(texts)
     return out
 
 
