@@ -37,14 +37,12 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gradsweep.bench.cases import irregular
+from fold_io_probe import ROUNDS, K, N, _heat, _timed, packed_operands  # the same cases, timed the same way
+
 from gradsweep.canonical import CanonicalFold, RowIdentity, clear_plan_caches
 from gradsweep.triton_kernels import gemm
 from gradsweep.triton_kernels._common import mma, tile_ids
 
-N = K = 4096
-CALLS = 10
-ROUNDS = 15
 CFG = {"BN": 128, "BK": 256, "GROUP_M": 8}
 WARPS, STAGES = 8, 3
 
@@ -124,22 +122,8 @@ def _launcher(name: str, step, x, dy, sms: int):
     return run
 
 
-def _timed(fn, calls: int = CALLS) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000.0 / calls
-
-
 def case(t: int, sms: int) -> dict:
-    torch.manual_seed(t)
-    lengths = list(irregular(t, 13))
-    x = (torch.randn(t, K, device="cuda") * 0.5).to(torch.bfloat16)
-    dy = (torch.randn(t, N, device="cuda") * 0.5).to(torch.bfloat16)
-    g0 = torch.randn(N, K, device="cuda")
+    lengths, x, dy, g0 = packed_operands(t)
     clear_plan_caches()
     fold = CanonicalFold(torch.zeros(N, K, device="cuda"), lengths, gemm.TILE)
     step = fold.take_tiles(RowIdentity.packed(lengths), (x, dy))
@@ -172,11 +156,7 @@ def case(t: int, sms: int) -> dict:
     for fn in calls.values():
         fn()
     torch.cuda.synchronize()
-    heat = _timed(lambda: [fn() for fn in calls.values()], 3)
-    for _ in range(max(1, int(150_000.0 / max(heat, 1.0)))):
-        for fn in calls.values():
-            fn()
-    torch.cuda.synchronize()
+    _heat(lambda: [fn() for fn in calls.values()])
     samples: dict[str, list[float]] = {k: [] for k in calls}
     for _ in range(ROUNDS):
         for k, fn in calls.items():

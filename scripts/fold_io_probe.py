@@ -80,12 +80,17 @@ def _variant(name: str):
     return run
 
 
-def case(t: int, variants: dict) -> dict:
+def packed_operands(t: int) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The bench's packed step of T = t tokens (13 samples) at N = K = 4096, seeded by t: (lengths, X, dY, G)."""
     torch.manual_seed(t)
     lengths = list(irregular(t, 13))
     x = (torch.randn(t, K, device="cuda") * 0.5).to(torch.bfloat16)
     dy = (torch.randn(t, N, device="cuda") * 0.5).to(torch.bfloat16)
-    g0 = torch.randn(N, K, device="cuda")
+    return lengths, x, dy, torch.randn(N, K, device="cuda")
+
+
+def case(t: int, variants: dict) -> dict:
+    lengths, x, dy, g0 = packed_operands(t)
     clear_plan_caches()
     fold = CanonicalFold(torch.zeros(N, K, device="cuda"), lengths, cuda_gemm.TILE)
     plan = fold.take(RowIdentity.packed(lengths), (x, dy)).plan
