@@ -29,7 +29,6 @@ compile is reported and skipped.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -38,7 +37,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fold_io_probe import ROUNDS, K, N, _heat, _timed, packed_operands  # the same cases, timed the same way
+from fold_io_probe import K, N, cublas_sides, packed_operands, time_sides  # the same cases, timed the same way
 
 from gradsweep.canonical import CanonicalFold, RowIdentity, clear_plan_caches
 from gradsweep.triton_kernels import gemm
@@ -153,22 +152,11 @@ def case(t: int, sms: int) -> dict:
         sides[name] = run
     work = g0.clone()
     calls = {k: (lambda fn=fn: fn(work)) for k, fn in sides.items()}
-    calls["cublas"] = lambda: torch.mm(dy.t(), x)
-    try:
-        torch.addmm(work, dy.t(), x, out_dtype=torch.float32)
-        calls["cublas_f32c"] = lambda: torch.addmm(work, dy.t(), x, out_dtype=torch.float32)
-    except (RuntimeError, TypeError) as exc:
-        out["failed"]["cublas_f32c"] = f"{type(exc).__name__}: {exc}"
-    for fn in calls.values():
-        fn()
-    torch.cuda.synchronize()
-    _heat(lambda: [fn() for fn in calls.values()])
-    samples: dict[str, list[float]] = {k: [] for k in calls}
-    for _ in range(ROUNDS):
-        for k, fn in calls.items():
-            samples[k].append(_timed(fn))
-    out["us"] = {k: statistics.median(s) for k, s in samples.items()}
-    out["spread"] = {k: (min(s), max(s)) for k, s in samples.items()}
+    baselines, missing = cublas_sides(work, dy, x)
+    calls.update(baselines)
+    if missing is not None:
+        out["failed"]["cublas_f32c"] = missing
+    out["us"], out["spread"] = time_sides(calls)
     return out
 
 

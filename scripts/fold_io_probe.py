@@ -80,6 +80,34 @@ def _variant(name: str):
     return run
 
 
+def cublas_sides(g: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> tuple[dict, str | None]:
+    """cuBLAS's bf16 ``dY^T X`` (the bench's baseline) and, where this torch has it, cuBLAS reading and writing an
+    FP32 C (beta = 1) as the fold does its main grad ``g``: the fold's fair ceiling. (sides, why the second is
+    missing, or None)"""
+    sides = {"cublas": lambda: torch.mm(dy.t(), x)}
+    try:
+        torch.addmm(g, dy.t(), x, out_dtype=torch.float32)
+    except (RuntimeError, TypeError) as exc:
+        return sides, f"{type(exc).__name__}: {exc}"
+    sides["cublas_f32c"] = lambda: torch.addmm(g, dy.t(), x, out_dtype=torch.float32)
+    return sides, None
+
+
+def time_sides(sides: dict) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Each side once, 150 ms of heat, then ROUNDS rounds of every side in turn (CALLS calls a sample): each side's
+    median us per call and its (min, max) over the rounds."""
+    for fn in sides.values():
+        fn()
+    torch.cuda.synchronize()
+    _heat(lambda: [fn() for fn in sides.values()])
+    samples: dict[str, list[float]] = {k: [] for k in sides}
+    for _ in range(ROUNDS):
+        for k, fn in sides.items():
+            samples[k].append(_timed(fn))
+    return ({k: statistics.median(v) for k, v in samples.items()},
+            {k: (min(v), max(v)) for k, v in samples.items()})
+
+
 def packed_operands(t: int) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
     """The bench's packed step of T = t tokens (13 samples) at N = K = 4096, seeded by t: (lengths, X, dY, G)."""
     torch.manual_seed(t)
@@ -105,12 +133,10 @@ def case(t: int, variants: dict) -> dict:
         out["bits"][v] = bool(torch.equal(g.view(torch.int32), ref.view(torch.int32)))
     g = g0.clone()
     sides = {v: (lambda v=v: _variant(v)(plan, x, dy, g)) for v in variants}
-    sides["cublas"] = lambda: torch.mm(dy.t(), x)
-    try:  # the fold's fair ceiling: cuBLAS reading and writing an FP32 C (beta = 1), as the fold does its main grad
-        torch.addmm(g, dy.t(), x, out_dtype=torch.float32)
-        sides["cublas_f32c"] = lambda: torch.addmm(g, dy.t(), x, out_dtype=torch.float32)
-    except (RuntimeError, TypeError) as exc:
-        print(f"  cuBLAS with an FP32 C unavailable: {type(exc).__name__}: {exc}")
+    baselines, missing = cublas_sides(g, dy, x)
+    sides.update(baselines)
+    if missing is not None:
+        print(f"  cuBLAS with an FP32 C unavailable: {missing}")
     try:
         from gradsweep.triton_kernels import gemm as triton_gemm
         clear_plan_caches()
@@ -119,18 +145,9 @@ def case(t: int, variants: dict) -> dict:
         sides["triton"] = lambda: triton_gemm.dw_fold(tstep, x, dy, g)
     except Exception as exc:  # a diagnostic: report it and time the rest
         print(f"  triton fold unavailable: {type(exc).__name__}: {exc}")
-    for fn in sides.values():
-        fn()
-    torch.cuda.synchronize()
-    _heat(lambda: [fn() for fn in sides.values()])
-    samples: dict[str, list[float]] = {k: [] for k in sides}
-    for _ in range(ROUNDS):
-        for k, fn in sides.items():
-            samples[k].append(_timed(fn))
+    out["us"], out["spread"] = time_sides(sides)
     for knob in _KNOBS:
         os.environ.pop(f"GRADSWEEP_FOLD_{knob}", None)
-    out["us"] = {k: statistics.median(s) for k, s in samples.items()}
-    out["spread"] = {k: (min(s), max(s)) for k, s in samples.items()}
     return out
 
 
