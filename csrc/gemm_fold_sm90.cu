@@ -10,13 +10,10 @@
 // cannot gather rows. So this kernel is written here with CuTe's wgmma atoms and swizzled layouts.
 //
 // Why it is batch-invariant and equal to the mma.sync fold (gemm.cu, mma_gemm.cuh): every output element
-// is one fp32 accumulator register that receives, in ascending t, one wgmma per 16-slot step that holds a
-// token row (a k16 step of wgmma m64n256k16), starting from the loaded main grad. No split of the token range
-// anywhere; the plan decides which rows are read, never the order of the steps. A step of zero rows only (the
-// trailing slots of a sample's short last tile, slots past the plan's end) is not issued, on both paths: which
-// steps those are is the canonical tiling's, the same for every layout (and a zero step would turn a -0
-// accumulator into +0; at T = 4096 in 13 samples the tiles hold 262 live steps of 280); -1 rows inside a live
-// step and columns past N / K are zero-filled
+// is one fp32 accumulator register that receives, in ascending t, one wgmma per 16-slot step (a k16 step
+// of wgmma m64n256k16), starting from the loaded main grad. No split of the token range anywhere; the
+// plan decides which rows are read, never the order of the steps. A step past the plan's end is not
+// issued (a zero step would turn a -0 accumulator into +0); -1 rows and columns past N / K are zero-filled
 // in shared memory (cp.async with source size 0, TMA's out-of-bounds fill: never read, so a NaN pad row
 // cannot leak into 0 * NaN). TMA and cp.async put the same bytes at the same shared addresses, so the
 // choice per stage is a speed choice only (the GPU test folds one plan both ways and compares bits).
@@ -147,18 +144,6 @@ struct StagePlan {
 __device__ __forceinline__ StagePlan stage_plan(const int32_t* plan, int64_t T, int64_t kt, int lane) {
   const int64_t s = kt * kBK + lane;
   return {s < T ? __ldg(plan + s) : -1, s + 32 < T ? __ldg(plan + s + 32) : -1};
-}
-
-// Bit j set: k16 step j of the stage (slots 16j .. 16j + 15) holds a token row. The fold multiplies only those steps
-// (mma_gemm.cuh's mainloop skips the same ones): which slots are zero rows is the canonical tiling's (a sample's
-// short last tile), the same for every layout, so skipping them keeps the fold batch-invariant, and an accumulator
-// only ever meets steps with data (an all-zero step adds +0, which would turn a -0 accumulator into +0).
-__device__ __forceinline__ int live_steps(StagePlan rows) {
-  static_assert(kBK == 64, "two plan entries per lane, two steps per ballot");
-  const uint32_t lo = __ballot_sync(0xffffffffu, rows.lo >= 0);
-  const uint32_t hi = __ballot_sync(0xffffffffu, rows.hi >= 0);
-  return static_cast<int>((lo & 0xffffu) != 0) | static_cast<int>((lo >> 16) != 0) << 1 |
-         static_cast<int>((hi & 0xffffu) != 0) << 2 | static_cast<int>((hi >> 16) != 0) << 3;
 }
 
 // Stage `stage` of an operand tile (ROWS output rows x kBK token slots, MN-major, 128-byte swizzle, at shared
@@ -293,6 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p, const __gri
   const int64_t m0 = static_cast<int64_t>(tm) * kBM;
   const int64_t n0 = static_cast<int64_t>(tn) * kBN;
   const int64_t n_stages = (p.T + kBK - 1) / kBK;
+  const int64_t n_full = p.T / kBK;  // stages whose kBK / 16 steps all lie inside the plan
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
 
   if (wg == 0) {  // producer
@@ -367,61 +353,34 @@ __global__ void __launch_bounds__(kThreads, 1) fold_kernel(Params p, const __gri
     }
   }
 
-  // Stage after stage, the k16 steps that hold a row (`live_steps`): a step whose 16 slots are all zero rows (the
-  // trailing slots of a sample's short last tile; every slot past the plan's end) is not issued. A stage whose live
-  // steps are a prefix (every canonical tile: all four, or a short tile's first one to three) is one wgmma batch of
-  // straight-line steps with the previous stage's batch still in flight, as a whole stage always was; any other
-  // (a gathered plan with a zero step between live ones, or none live) issues its live steps one by one and drains
-  // them, so that the previous stage's slot is free to refill whatever the stage issued.
-  auto batch = [&](auto steps, int stage) {  // steps: Int<n>, the stage's first n k16 steps as one batch
-    warpgroup_arrive();
-    if constexpr (decltype(steps)::value == kBK / 16) {
-      cute::gemm(mma, tCrA(_, _, _, stage), tCrB(_, _, _, stage), acc);
-    } else {
-      CUTE_UNROLL
-      for (int kb = 0; kb < decltype(steps)::value; ++kb) {
-        cute::gemm(mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), acc);
-      }
-    }
-    warpgroup_commit_batch();
-    warpgroup_wait<1>();  // the batch of stage kt - 1 has retired (the whole warp): its slot may be refilled
-  };
-  StagePlan rows = stage_plan(p.plan, p.T, 0, lane);
-  for (int64_t kt = 0; kt < n_stages; ++kt) {
-    const StagePlan next = stage_plan(p.plan, p.T, kt + 1, lane);  // in flight while this stage is multiplied
-    const int live = live_steps(rows);
+  // Whole stages: no branch between the wgmma instructions of a batch.
+  for (int64_t kt = 0; kt < n_full; ++kt) {
     const int stage = static_cast<int>(kt % kStages);
     FullBarrier::wait(full + stage, static_cast<uint32_t>((kt / kStages) & 1));
     cutlass::arch::fence_view_async_shared();  // cp.async stages are written through the generic proxy
     warpgroup_fence_operand(acc);
-    static_assert(kBK / 16 == 4, "the prefix batches below");
-    switch (live) {
-      case 0xf:
-        batch(Int<4>{}, stage);
-        break;
-      case 0x7:
-        batch(Int<3>{}, stage);
-        break;
-      case 0x3:
-        batch(Int<2>{}, stage);
-        break;
-      case 0x1:
-        batch(Int<1>{}, stage);
-        break;
-      default:
-        CUTE_UNROLL
-        for (int kb = 0; kb < kBK / 16; ++kb) {
-          if ((live >> kb) & 1) {
-            warpgroup_arrive();
-            cute::gemm(mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), acc);
-            warpgroup_commit_batch();
-          }
-        }
-        warpgroup_wait<0>();
-    }
+    warpgroup_arrive();
+    cute::gemm(mma, tCrA(_, _, _, stage), tCrB(_, _, _, stage), acc);
+    warpgroup_commit_batch();
+    warpgroup_wait<1>();  // the batch of stage kt - 1 has retired (the whole warp): its slot may be refilled
     warpgroup_fence_operand(acc);
     if (kt > 0 && lane == 0) EmptyBarrier::arrive(empty + (kt - 1) % kStages);
-    rows = next;
+  }
+  // The last, partial stage: exactly its (T mod kBK) / 16 steps.
+  if (n_full < n_stages) {
+    const int stage = static_cast<int>(n_full % kStages);
+    FullBarrier::wait(full + stage, static_cast<uint32_t>((n_full / kStages) & 1));
+    cutlass::arch::fence_view_async_shared();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+    const int steps = static_cast<int>((p.T - n_full * kBK) / 16);
+    for (int kb = 0; kb < steps; ++kb) {
+      warpgroup_arrive();
+      cute::gemm(mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), acc);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc);
+    }
   }
   warpgroup_wait<0>();
   warpgroup_fence_operand(acc);

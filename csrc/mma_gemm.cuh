@@ -170,33 +170,12 @@ __device__ __forceinline__ void mainloop(float (&acc)[C::MI][C::NJ][4], const Ge
                                                 g.ldb_stage, g.n_stage);
   };
 
-  // Bit j: k16 step j of stage kt holds a row (always, without a kmap). With a kmap (the canonical fold) a step of
-  // -1 rows only is skipped, as the Hopper fold skips it (gemm_fold_sm90.cu, live_steps): the same steps in the
-  // same order on both paths. Read one stage ahead, so the plan's latency hides behind the stage's mma steps.
-  static_assert(C::BK % 16 == 0 && C::BK <= 512, "one live bit per k16 step in 32 bits");
-  auto stage_live = [&](int64_t kt) -> uint32_t {
-    if (g.kmap == nullptr) return ~0u;
-    uint32_t live = 0;
-#pragma unroll
-    for (int h = 0; h < C::BK; h += 32) {
-      const int64_t k = kt * C::BK + h + lane;
-      const bool row = h + lane < C::BK && k < g.K && __ldg(g.kmap + k) >= 0;
-      const uint32_t b = __ballot_sync(0xffffffffu, row);
-      live |= static_cast<uint32_t>((b & 0xffffu) != 0) << (h / 16) |
-              static_cast<uint32_t>((b >> 16) != 0) << (h / 16 + 1);
-    }
-    return live;
-  };
-
 #pragma unroll
   for (int s = 0; s < C::STAGES - 1; ++s) {
     if (s < nk) load_stage(s);
     cp_async_commit();
   }
-  uint32_t live_next = stage_live(0);
   for (int64_t kt = 0; kt < nk; ++kt) {
-    const uint32_t live = live_next;
-    if (kt + 1 < nk) live_next = stage_live(kt + 1);
     cp_async_wait<C::STAGES - 2>();
     __syncthreads();  // stage kt is in shared memory; every warp is done with stage kt - 1
     if (kt + C::STAGES - 1 < nk) load_stage(kt + C::STAGES - 1);
@@ -207,7 +186,6 @@ __device__ __forceinline__ void mainloop(float (&acc)[C::MI][C::NJ][4], const Ge
     for (int kk = 0; kk < C::BK; kk += 16) {
       // Exactly ceil(K / 16) mma steps whatever BK is: a zero step past K would turn a -0 accumulator into +0.
       if (kt * C::BK + kk >= g.K) break;
-      if (((live >> (kk / 16)) & 1u) == 0) continue;  // a fold's step of zero rows only (stage_live)
       uint32_t af[C::MI][4];
       uint32_t bfr[C::NJ][2];
 #pragma unroll

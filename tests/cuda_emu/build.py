@@ -319,8 +319,6 @@ def load(lib: Path) -> SimpleNamespace:
                  "emu_rl_seq_threads", "emu_llp_vchunk"):
         getattr(so, name).restype = L
     so.emu_attn_rows.restype = L
-    so.emu_mma_steps.restype = ctypes.c_longlong
-    ns.mma_steps = so.emu_mma_steps  # warp-level mma.sync steps issued so far (emu_mma.h)
     ns.LLP_VCHUNK = so.emu_llp_vchunk()
     ns.hopper_gemm = lambda device: False  # the portable (mma.sync) kernels: the Hopper ones are not emulated
     so.emu_attn_rows.argtypes = [N, N]

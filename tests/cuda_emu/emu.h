@@ -8,7 +8,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -75,15 +74,6 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
   emu_warp_sync();
   float r;
   std::memcpy(&r, emu_slot(emu_lane() ^ o), 4);
-  emu_warp_sync();
-  return r;
-}
-
-inline unsigned __ballot_sync(unsigned, int pred) {
-  *emu_slot(emu_lane()) = pred ? 1u : 0u;
-  emu_warp_sync();
-  unsigned r = 0;
-  for (int l = 0; l < 32; ++l) r |= (*emu_slot(l) != 0 ? 1u : 0u) << l;
   emu_warp_sync();
   return r;
 }

@@ -56,13 +56,8 @@ inline float emu_bf16(uint32_t reg, int half) {
 //   A regs: 0 (row g, k 2t..2t+1), 1 (row g+8, k 2t..), 2 (row g, k 2t+8..), 3 (row g+8, k 2t+8..)
 //   B regs: 0 (k 2t..2t+1, n g), 1 (k 2t+8.., n g);  C / D: 0, 1 (row g, n 2t, 2t+1), 2, 3 (row g+8, ..)
 // Model: products exact in double, summed in k order in double, added to C, rounded to float once.
-// Warp-level mma steps issued since the library was loaded (emu_mma_steps, below): what a test counts to see which
-// k16 steps a kernel multiplies, which its bits alone cannot show.
-inline std::atomic<long long> emu_mma_count{0};
-
 inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   const int l = emu_lane();
-  if (l == 0) emu_mma_count.fetch_add(1, std::memory_order_relaxed);
   uint32_t* mine = reinterpret_cast<uint32_t*>(emu_slot(l));
   for (int i = 0; i < 4; ++i) mine[i] = a[i];
   mine[4] = b0;
@@ -90,6 +85,3 @@ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
 
 }  // namespace mma
 }  // namespace gs
-
-// Weak: every source that includes this header defines it, the library keeps one.
-extern "C" __attribute__((weak, used)) long long emu_mma_steps() { return gs::mma::emu_mma_count.load(); }
