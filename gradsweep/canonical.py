@@ -312,13 +312,6 @@ class FoldStep:
         stage = self.stage if self.n_stage else self.call
         return tuple(zip(stage, self.call))
 
-    def contiguous_bases(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """``bases`` with every tensor contiguous, each made so once: when nothing was carried the call's
-        contiguous tensor is also its staging tensor, so a non-contiguous call is copied once, not twice."""
-        call = tuple(t.contiguous() for t in self.call)
-        stage = tuple(t.contiguous() for t in self.stage) if self.n_stage else call
-        return tuple(zip(stage, call))
-
 
 @dataclass(frozen=True)
 class TileStep:

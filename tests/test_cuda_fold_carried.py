@@ -276,18 +276,3 @@ def test_gpu_norm_dweight_tiles_carried_in_place_equal_concatenated(hidden: int)
     ext, dev, stream = _ext()
     bad = norm_tiles_differences(ext, dev, stream, hidden, "cuda")
     assert not bad, bad
-
-
-def test_contiguous_bases_copy_a_strided_call_once() -> None:
-    """Nothing carried: the call's contiguous copy is its staging base too (one copy of a strided call, not two, and
-    the kernel's two pointers are one buffer); carried rows: each base made contiguous on its own."""
-    from gradsweep.canonical import FoldStep
-
-    plan = torch.zeros((1, 4), dtype=torch.int32)
-    strided = torch.arange(48.0).reshape(8, 6)[:, ::2]
-    ((st, call),) = FoldStep(plan=plan, call=(strided,), first_tile=0).contiguous_bases()
-    assert st is call and call.is_contiguous() and torch.equal(call, strided)
-    carried = torch.arange(18.0).reshape(6, 3)[::2]
-    ((st, call),) = FoldStep(plan=plan, call=(strided,), first_tile=0, stage=(carried,), n_stage=3).contiguous_bases()
-    assert st.is_contiguous() and torch.equal(st, carried) and call.is_contiguous() and torch.equal(call, strided)
-    assert st.data_ptr() != call.data_ptr()

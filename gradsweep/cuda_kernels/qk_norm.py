@@ -40,7 +40,7 @@ def _fold_dweight(x: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, rows: R
     if step.num_tiles == 0 or head_dim == 0:
         return
     # (carried rows, this call's rows) of dy, x and rstd: the carried rows are read in place, never concatenated
-    (dy_st, dy_c), (x_st, x_c), (r_st, r_c) = step.contiguous_bases()
+    (dy_st, dy_c), (x_st, x_c), (r_st, r_c) = ((s.contiguous(), c.contiguous()) for s, c in step.bases)
     plan = rt.like(step.plan, x, torch.int32)
     partial = torch.empty((step.num_tiles, head_dim), dtype=torch.float32, device=x.device)
     dev, stream = rt.launch(x)

@@ -52,7 +52,7 @@ def rms_norm_fold_dweight(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
     if step.num_tiles == 0 or hidden == 0:
         return
     # (carried rows, this call's rows) of dy, x and rstd: the carried rows are read in place, never concatenated
-    (dy_st, dy_c), (x_st, x_c), (r_st, r_c) = step.contiguous_bases()
+    (dy_st, dy_c), (x_st, x_c), (r_st, r_c) = ((s.contiguous(), c.contiguous()) for s, c in step.bases)
     plan = rt.like(step.plan, x, torch.int32)
     partial = torch.empty((step.num_tiles, hidden), dtype=torch.float32, device=x.device)
     dev, stream = rt.launch(x)

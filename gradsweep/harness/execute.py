@@ -321,8 +321,8 @@ def run_layout(op: OpSpec, candidate: Candidate, shape: Shape, workload: Workloa
         return t if arena is None else arena.place(key, t, decoy)
 
     drawn = _drawn_params(op, shape, workload, device)  # (an arena copies them: no clone first, as make_params')
-    params = {n: flat(place(("param", n), (t if arena is not None else t.clone()).to(compute_dtype)))
-              .requires_grad_(backward) for n, t in drawn.items()}
+    params = {n: flat(place(("param", n), t.to(compute_dtype))).requires_grad_(backward)
+              for n, t in (make_params(op, shape, workload, device) if arena is None else drawn).items()}
     starts = {n: flat(place(("start", n), main_grads[n].clone() if main_grads is not None and n in main_grads
                             else torch.zeros(t.shape, dtype=torch.float32, device=device)))
               for n, t in params.items()}
