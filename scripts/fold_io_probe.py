@@ -151,20 +151,27 @@ def case(t: int, variants: dict) -> dict:
     return out
 
 
+def report_lines(results: list[dict]) -> list[str]:
+    """The printed report of ``case`` results (scripts/fold_ab_verdict.py reads it back): per T a header, then each
+    side's median, its ratio to the same process's cuBLAS bf16 and its spread over the rounds."""
+    lines = []
+    for r in results:
+        cub = r["us"]["cublas"]
+        lines.append(f"T={r['T']} ({r['tiles']} tiles of 64), N=K={N}: bits equal to the first: {r['bits']}")
+        for k, us in r["us"].items():
+            lo, hi = r["spread"][k]
+            lines.append(f"  {k:12s} {us:8.1f} us  ({us / cub:.3f}x cuBLAS; rounds {lo:.1f}-{hi:.1f})")
+    return lines
+
+
 def main() -> int:
     print(torch.cuda.get_device_name(), "SMs", torch.cuda.get_device_properties(0).multi_processor_count)
     args = sys.argv[1:]
     plain = "--plain" in args
     args = [a for a in args if a != "--plain"]
     results = [case(t, {"default": {}} if plain else VARIANTS) for t in (4096, 16384)]
-    ok = True
-    for r in results:
-        cub = r["us"]["cublas"]
-        print(f"T={r['T']} ({r['tiles']} tiles of 64), N=K={N}: bits equal to the first: {r['bits']}")
-        ok &= all(r["bits"].values())
-        for k, us in r["us"].items():
-            lo, hi = r["spread"][k]
-            print(f"  {k:12s} {us:8.1f} us  ({us / cub:.3f}x cuBLAS; rounds {lo:.1f}-{hi:.1f})")
+    print("\n".join(report_lines(results)))
+    ok = all(all(r["bits"].values()) for r in results)
     if args:
         Path(args[0]).write_text(json.dumps(results, indent=1, default=str))
     return 0 if ok else 1

@@ -1,6 +1,7 @@
 """scripts/fold_ab_verdict.py (the gate that lets a CUDA fold patch into a signing call): it must refuse a candidate
 whose GPU tests did not pass, one that is not GAIN faster, and an A/B it cannot read; and prove one that is. Checked
-on outputs in fold_io_probe.py --plain's format (what the device writes)."""
+on reports printed by fold_io_probe.py's own report_lines (what the device writes), so a change to that format
+that the verdict cannot read fails here, not in a signing call."""
 
 from __future__ import annotations
 
@@ -9,21 +10,23 @@ from pathlib import Path
 import pytest
 
 from scripts.fold_ab_verdict import fold_ratios, verdict
+from scripts.fold_io_probe import report_lines
 
 PASSED = "....\n58 passed, 28 deselected, 1 warning in 27.54s\n"
 FAILED = "..F.\n1 failed, 57 passed, 28 deselected in 27.54s\n"
 
 
 def probe(r4096: float, r16384: float) -> str:
-    """One fold_io_probe.py --plain output whose production fold reads the given ratios to cuBLAS bf16."""
-    return (f"NVIDIA H100 80GB HBM3 SMs 132\n"
-            f"T=4096 (70 tiles of 64), N=K=4096: bits equal to the first: {{'default': True}}\n"
-            f"  default         {264.0 * r4096 / 1.335:.1f} us  ({r4096:.3f}x cuBLAS; rounds 260.6-277.5)\n"
-            f"  cublas          197.9 us  (1.000x cuBLAS; rounds 193.8-219.5)\n"
-            f"  triton          260.2 us  (1.315x cuBLAS; rounds 257.7-269.5)\n"
-            f"T=16384 (262 tiles of 64), N=K=4096: bits equal to the first: {{'default': True}}\n"
-            f"  default         846.9 us  ({r16384:.3f}x cuBLAS; rounds 822.3-994.9)\n"
-            f"  cublas          787.3 us  (1.000x cuBLAS; rounds 763.0-931.0)\n")
+    """One fold_io_probe.py --plain output (its own report_lines) whose production fold reads the given ratios to
+    cuBLAS bf16."""
+    def result(t: int, tiles: int, ratio: float) -> dict:
+        cub = 200.0 * t / 4096
+        us = {"default": cub * ratio, "cublas": cub, "triton": cub * 1.3}
+        return {"T": t, "tiles": tiles, "bits": {"default": True}, "us": us,
+                "spread": {k: (v * 0.99, v * 1.05) for k, v in us.items()}}
+
+    return "NVIDIA H100 80GB HBM3 SMs 132\n" + "\n".join(
+        report_lines([result(4096, 70, r4096), result(16384, 262, r16384)])) + "\n"
 
 
 def write_ab(out: Path, ref: list[float], cand: list[float], tests: str = PASSED) -> Path:
