@@ -464,7 +464,8 @@ def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
     row after the tile would show) and wrapping stages (gathered by cp.async); and a fold split across two
     calls (the canonical chunked call) equals the fold in one call. The main grad's three access paths of the
     Hopper fold are all here: 16-byte row chunks (K a multiple of 4), 8-byte pairs (K = 1030), one element at a
-    time (K = 135). A planted defect in
+    time (K = 135). N = 330 gives an odd number of 128-row tiles (a kernel that pairs row tiles, say in a cluster
+    sharing the X stages, has a tile past N to fold and never store). A planted defect in
     the stage pipeline (a stage read before it lands, a slot refilled too early) or in the gather moves
     bits against the mma.sync fold here; the float64 check (the contract's dW rule against its FP32 stock
     fold) guards against both paths being wrong alike.
@@ -480,10 +481,11 @@ def test_gpu_hopper_fold_equals_the_portable_fold() -> None:
               (136, 264, 300, 21, 16, 0.3, False), (4096, 4096, 4096, 256, 16, 0.0, False),
               (512, 1024, 4096, 64, 64, 0.0, True), (1001, 1030, 1500, 45, 32, 0.0, True),
               (200, 72, 130, 3, 64, 0.0, True), (4096, 4096, 4096, 64, 64, 0.0, True),
-              (130, 135, 300, 5, 64, 0.0, True))
+              (130, 135, 300, 5, 64, 0.0, True), (330, 520, 700, 12, 64, 0.0, True),
+              (330, 520, 700, 20, 32, 0.1, False))
     cases = [(n, k, tiles, tile, _fold_case(gen, n, k, rows, tiles, tile, pad, runs))
              for n, k, rows, tiles, tile, pad, runs in shapes]
-    cases += [(n, k, 8, 64, _window_fold_case(gen, n, k)) for n, k in ((256, 512), (1001, 1030))]
+    cases += [(n, k, 8, 64, _window_fold_case(gen, n, k)) for n, k in ((256, 512), (1001, 1030), (330, 520))]
     for n, k, tiles, tile, (dy, x, plan) in cases:
         g0 = torch.randn(n, k, generator=gen)
         g0[torch.rand(n, k, generator=gen) < 0.05] = -0.0
