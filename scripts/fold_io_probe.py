@@ -20,6 +20,12 @@ fold's main-grad traffic, a fair ceiling for it) and Triton's fold.
 
     python3 scripts/fold_io_probe.py OUT/fold_io.json            (the A/B build: every variant)
     python3 scripts/fold_io_probe.py --plain OUT/fold_plain.json  (any other build: its own dispatch, no knobs)
+
+Where the fold's time over cuBLAS goes (forty-sixth session: neither the main grad's read at a wave's start nor the
+stages' L2 reads): ``--t 1024,4096,16384`` times more token counts (the gap over cuBLAS is constant in T at 4096
+and 16384, so it is per output tile, not per stage: a third T tells a fixed cost from a proportional one), and
+``--aligned`` makes every sample a whole number of 64-token tiles (T / 64 tiles, none short), which separates what
+the short tiles cost from the rest.
 """
 
 from __future__ import annotations
@@ -44,7 +50,11 @@ VARIANTS = {
     "io0_nofence": {"IO": 0, "FENCE": 0}, "io2_nofence": {"IO": 2, "FENCE": 0},
     "io2_group4": {"IO": 2, "GROUP": 4}, "io2_group16": {"IO": 2, "GROUP": 16},
 }
-_KNOBS = ("IO", "FENCE", "GROUP")
+# `--traffic`: the diagnostic build of notes/wip/fold-traffic-knobs-DIAGNOSTIC.patch (GRADSWEEP_FOLD_TRAFFIC): the
+# 16-byte-chunk kernel with its main-grad load, its store or both left out, timed beside the full kernel (their bits
+# differ by design: only "full" is checked).
+TRAFFIC_VARIANTS = {"full": {}, "noload": {"TRAFFIC": 1}, "nostore": {"TRAFFIC": 2}, "notraffic": {"TRAFFIC": 3}}
+_KNOBS = ("IO", "FENCE", "GROUP", "TRAFFIC")
 N = K = 4096
 CALLS = 10
 ROUNDS = 15
@@ -68,7 +78,7 @@ def _heat(fn, ms: float = 150.0) -> None:
 
 
 def _variant(name: str):
-    env = VARIANTS.get(name, {})
+    env = VARIANTS.get(name, TRAFFIC_VARIANTS.get(name, {}))
 
     def run(plan, x, dy, g):
         for knob in _KNOBS:
@@ -108,17 +118,18 @@ def time_sides(sides: dict) -> tuple[dict[str, float], dict[str, tuple[float, fl
             {k: (min(v), max(v)) for k, v in samples.items()})
 
 
-def packed_operands(t: int) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The bench's packed step of T = t tokens (13 samples) at N = K = 4096, seeded by t: (lengths, X, dY, G)."""
+def packed_operands(t: int, aligned: bool = False) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The bench's packed step of T = t tokens (13 samples) at N = K = 4096, seeded by t: (lengths, X, dY, G);
+    ``aligned``: the same number of samples, each a whole number of 64-token tiles."""
     torch.manual_seed(t)
-    lengths = list(irregular(t, 13))
+    lengths = [64 * n for n in irregular(t // 64, 13)] if aligned else list(irregular(t, 13))
     x = (torch.randn(t, K, device="cuda") * 0.5).to(torch.bfloat16)
     dy = (torch.randn(t, N, device="cuda") * 0.5).to(torch.bfloat16)
     return lengths, x, dy, torch.randn(N, K, device="cuda")
 
 
-def case(t: int, variants: dict) -> dict:
-    lengths, x, dy, g0 = packed_operands(t)
+def case(t: int, variants: dict, aligned: bool = False) -> dict:
+    lengths, x, dy, g0 = packed_operands(t, aligned)
     clear_plan_caches()
     fold = CanonicalFold(torch.zeros(N, K, device="cuda"), lengths, cuda_gemm.TILE)
     plan = fold.take(RowIdentity.packed(lengths), (x, dy)).plan
@@ -167,11 +178,18 @@ def report_lines(results: list[dict]) -> list[str]:
 def main() -> int:
     print(torch.cuda.get_device_name(), "SMs", torch.cuda.get_device_properties(0).multi_processor_count)
     args = sys.argv[1:]
-    plain = "--plain" in args
-    args = [a for a in args if a != "--plain"]
-    results = [case(t, {"default": {}} if plain else VARIANTS) for t in (4096, 16384)]
+    plain, aligned, traffic = "--plain" in args, "--aligned" in args, "--traffic" in args
+    counts = (4096, 16384)
+    if "--t" in args:
+        at = args.index("--t")
+        counts = tuple(int(v) for v in args[at + 1].split(","))
+        del args[at:at + 2]
+    args = [a for a in args if a not in ("--plain", "--aligned", "--traffic")]
+    variants = TRAFFIC_VARIANTS if traffic else {"default": {}} if plain else VARIANTS
+    results = [case(t, variants, aligned) for t in counts]
     print("\n".join(report_lines(results)))
-    ok = all(all(r["bits"].values()) for r in results)
+    checked = ("full",) if traffic else tuple(variants)
+    ok = all(r["bits"][v] for r in results for v in checked)
     if args:
         Path(args[0]).write_text(json.dumps(results, indent=1, default=str))
     return 0 if ok else 1
